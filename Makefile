@@ -1,0 +1,41 @@
+# Ember's front door. `make demo` and `make test` install what is missing, build, and run.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+BUILD_TYPE ?= RelWithDebInfo
+
+# ccache: share hits between clones in different folders (CI builds a fresh clone).
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+export CCACHE_MAXSIZE ?= 5G
+
+.PHONY: all deps configure build test demo bench asan clean format
+
+all: build
+
+deps:
+	@tools/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_EXTRA) > /dev/null
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	@tools/demo.sh $(BUILD_DIR)/bin/ember
+
+bench: build
+	@tools/bench.sh $(BUILD_DIR)
+
+# The test suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build dir.
+asan:
+	@$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=Debug CMAKE_EXTRA=-DEMBER_SANITIZE=ON
+
+format:
+	@clang-format -i $$(git ls-files '*.cc' '*.h')
+
+clean:
+	rm -rf $(BUILD_DIR) build-asan

@@ -1,0 +1,57 @@
+// Identities of datasets, blocks and names.
+//
+// A block is addressed by (dataset id, version, file id, block index). Its 128-bit id is the XXH3
+// of those four numbers, so a block's id never repeats for other bytes: dataset ids are never
+// reused, and versions are immutable. All functions here are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace ember {
+
+inline constexpr uint64_t kDefaultBlockSize = 4ull << 20;
+inline constexpr uint64_t kMinBlockSize = 64ull << 10;
+inline constexpr uint64_t kMaxBlockSize = 64ull << 20;
+
+// Where a block lives in the dataset model.
+struct BlockAddr {
+  uint32_t dataset_id = 0;
+  uint32_t version = 0;
+  uint64_t file_id = 0;
+  uint64_t index = 0;
+
+  friend bool operator==(const BlockAddr&, const BlockAddr&) = default;
+  friend auto operator<=>(const BlockAddr&, const BlockAddr&) = default;
+};
+
+// The 128-bit block id used on the wire and in checksums.
+struct BlockId {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+
+  friend bool operator==(const BlockId&, const BlockId&) = default;
+  // 32 lowercase hex digits.
+  std::string ToHex() const;
+};
+
+BlockId MakeBlockId(const BlockAddr& addr);
+
+// XXH3-64 of a block's bytes: the checksum meta records and every reader verifies.
+uint64_t BlockChecksum(const void* data, size_t len);
+
+// Returns: Ok, or InvalidArgument naming what is wrong with `name`.
+// A dataset name is 1-64 characters of [A-Za-z0-9._-], not starting with '.' or '-'.
+absl::Status ValidateDatasetName(std::string_view name);
+
+// Returns: Ok, or InvalidArgument. A power of two in [kMinBlockSize, kMaxBlockSize].
+absl::Status ValidateBlockSize(uint64_t block_size);
+
+// Orders relative paths as a pre-order walk with sorted children does ('/' sorts first), so
+// two manifests can be diffed by one merge pass.
+int ComparePaths(std::string_view a, std::string_view b);
+
+}  // namespace ember

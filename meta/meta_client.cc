@@ -1,0 +1,207 @@
+#include "meta/meta_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "meta/meta.grpc.pb.h"
+
+namespace ember::meta {
+
+std::string ResolveMetaAddress(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  if (const char* env = std::getenv("EMBER_META"); env != nullptr && *env != '\0') return env;
+  return kDefaultMetaAddress;
+}
+
+class MetaClient::Impl {
+ public:
+  Impl(const std::string& address, std::chrono::milliseconds timeout)
+      : address(address), timeout(timeout) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    // Reconnect quickly after meta restarts.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    stub = rpc::Meta::NewStub(channel);
+  }
+
+  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds t) const {
+    ctx->set_deadline(std::chrono::system_clock::now() + t);
+  }
+
+  absl::Status Convert(const grpc::Status& s) const {
+    if (s.ok()) return absl::OkStatus();
+    auto code = static_cast<absl::StatusCode>(s.error_code());
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return absl::UnavailableError(
+          absl::StrCat("meta unreachable at ", address, ": ", s.error_message()));
+    }
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("meta at ", address, " did not answer in time"));
+    }
+    return absl::Status(code, s.error_message());
+  }
+
+  template <typename Req, typename Resp, typename Fn>
+  absl::StatusOr<Resp> Unary(const Req& req, Fn fn) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, timeout);
+    Resp resp;
+    grpc::Status s = (stub.get()->*fn)(&ctx, req, &resp);
+    if (!s.ok()) return Convert(s);
+    return resp;
+  }
+
+  template <typename Req, typename Fn>
+  absl::StatusOr<rpc::DatasetProgress> Scan(const Req& req, Fn fn, const ProgressFn& progress) {
+    grpc::ClientContext ctx;
+    // Scans are long; only give up if meta goes silent for good (a day).
+    Prepare(&ctx, std::chrono::hours(24));
+    auto reader = (stub.get()->*fn)(&ctx, req);
+    rpc::DatasetProgress p, last;
+    bool done = false;
+    while (reader->Read(&p)) {
+      if (progress) progress(p);
+      if (p.done()) {
+        last = p;
+        done = true;
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (!s.ok()) return Convert(s);
+    if (!done) return absl::InternalError("meta ended the scan without a result");
+    return last;
+  }
+
+  std::string address;
+  std::chrono::milliseconds timeout;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<rpc::Meta::Stub> stub;
+};
+
+MetaClient::MetaClient(const std::string& address, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<Impl>(address, timeout)), address_(address) {}
+
+MetaClient::~MetaClient() = default;
+
+absl::StatusOr<rpc::DatasetProgress> MetaClient::AddDataset(const std::string& name,
+                                                            const std::string& origin,
+                                                            uint64_t block_size,
+                                                            const ProgressFn& progress) {
+  rpc::AddDatasetRequest req;
+  req.set_name(name);
+  req.set_origin(origin);
+  req.set_block_size(block_size);
+  return impl_->Scan(req, &rpc::Meta::Stub::AddDataset, progress);
+}
+
+absl::StatusOr<rpc::DatasetProgress> MetaClient::RefreshDataset(const std::string& name,
+                                                                const ProgressFn& progress) {
+  rpc::RefreshDatasetRequest req;
+  req.set_name(name);
+  return impl_->Scan(req, &rpc::Meta::Stub::RefreshDataset, progress);
+}
+
+absl::StatusOr<std::vector<rpc::Dataset>> MetaClient::ListDatasets() {
+  auto r = impl_->Unary<rpc::ListDatasetsRequest, rpc::ListDatasetsResponse>(
+      rpc::ListDatasetsRequest(), &rpc::Meta::Stub::ListDatasets);
+  if (!r.ok()) return r.status();
+  return std::vector<rpc::Dataset>(r->datasets().begin(), r->datasets().end());
+}
+
+absl::StatusOr<rpc::Dataset> MetaClient::GetDataset(const std::string& name) {
+  rpc::GetDatasetRequest req;
+  req.set_name(name);
+  return impl_->Unary<rpc::GetDatasetRequest, rpc::Dataset>(req, &rpc::Meta::Stub::GetDataset);
+}
+
+absl::Status MetaClient::RemoveDataset(const std::string& name, uint32_t version) {
+  rpc::RemoveDatasetRequest req;
+  req.set_name(name);
+  req.set_version(version);
+  return impl_
+      ->Unary<rpc::RemoveDatasetRequest, rpc::RemoveDatasetResponse>(
+          req, &rpc::Meta::Stub::RemoveDataset)
+      .status();
+}
+
+absl::StatusOr<rpc::ListManifestResponse> MetaClient::ListManifestPage(const std::string& name,
+                                                                       uint32_t version,
+                                                                       uint64_t after_file_id,
+                                                                       uint32_t max_entries) {
+  rpc::ListManifestRequest req;
+  req.set_name(name);
+  req.set_version(version);
+  req.set_after_file_id(after_file_id);
+  req.set_max_entries(max_entries);
+  return impl_->Unary<rpc::ListManifestRequest, rpc::ListManifestResponse>(
+      req, &rpc::Meta::Stub::ListManifest);
+}
+
+absl::Status MetaClient::ForEachManifestEntry(
+    const std::string& name, uint32_t version,
+    const std::function<void(const rpc::FileEntry&)>& fn) {
+  uint64_t after = 0;
+  uint32_t pinned = version;
+  while (true) {
+    auto page = ListManifestPage(name, pinned, after, 0);
+    if (!page.ok()) return page.status();
+    pinned = page->version();  // page through the version the first page resolved to
+    for (const auto& e : page->entries()) fn(e);
+    if (page->next_after_file_id() == 0) return absl::OkStatus();
+    after = page->next_after_file_id();
+  }
+}
+
+absl::StatusOr<rpc::RecordChecksumsResponse> MetaClient::RecordChecksums(
+    const rpc::RecordChecksumsRequest& req) {
+  return impl_->Unary<rpc::RecordChecksumsRequest, rpc::RecordChecksumsResponse>(
+      req, &rpc::Meta::Stub::RecordChecksums);
+}
+
+absl::StatusOr<rpc::GetChecksumsResponse> MetaClient::GetChecksums(
+    const rpc::GetChecksumsRequest& req) {
+  return impl_->Unary<rpc::GetChecksumsRequest, rpc::GetChecksumsResponse>(
+      req, &rpc::Meta::Stub::GetChecksums);
+}
+
+absl::StatusOr<rpc::RegisterNodeResponse> MetaClient::RegisterNode(const rpc::Node& node) {
+  rpc::RegisterNodeRequest req;
+  *req.mutable_node() = node;
+  return impl_->Unary<rpc::RegisterNodeRequest, rpc::RegisterNodeResponse>(
+      req, &rpc::Meta::Stub::RegisterNode);
+}
+
+absl::StatusOr<rpc::HeartbeatResponse> MetaClient::Heartbeat(const std::string& node_id,
+                                                             const rpc::NodeStats& stats) {
+  rpc::HeartbeatRequest req;
+  req.set_node_id(node_id);
+  *req.mutable_stats() = stats;
+  return impl_->Unary<rpc::HeartbeatRequest, rpc::HeartbeatResponse>(req,
+                                                                     &rpc::Meta::Stub::Heartbeat);
+}
+
+absl::StatusOr<std::vector<rpc::Node>> MetaClient::ListNodes() {
+  auto r = impl_->Unary<rpc::ListNodesRequest, rpc::ListNodesResponse>(
+      rpc::ListNodesRequest(), &rpc::Meta::Stub::ListNodes);
+  if (!r.ok()) return r.status();
+  return std::vector<rpc::Node>(r->nodes().begin(), r->nodes().end());
+}
+
+absl::Status MetaClient::ReportBlocks(const rpc::ReportBlocksRequest& req) {
+  return impl_
+      ->Unary<rpc::ReportBlocksRequest, rpc::ReportBlocksResponse>(req,
+                                                                   &rpc::Meta::Stub::ReportBlocks)
+      .status();
+}
+
+absl::StatusOr<rpc::LocateResponse> MetaClient::Locate(const rpc::LocateRequest& req) {
+  return impl_->Unary<rpc::LocateRequest, rpc::LocateResponse>(req, &rpc::Meta::Stub::Locate);
+}
+
+}  // namespace ember::meta

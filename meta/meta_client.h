@@ -1,0 +1,68 @@
+// MetaClient: the one way other folders talk to meta (cachefs, tools, tests).
+//
+// Wraps the gRPC stub; every call has a deadline and returns absl::Status, with an unreachable
+// meta reported as Unavailable naming the address. Thread-safe (gRPC channels and stubs are).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "meta/meta.pb.h"
+
+namespace ember::meta {
+
+// The address `ember up` and `ember meta` listen on by default.
+inline constexpr char kDefaultMetaAddress[] = "127.0.0.1:7370";
+
+// --meta flag value if set, else $EMBER_META, else kDefaultMetaAddress.
+std::string ResolveMetaAddress(const std::string& flag_value);
+
+class MetaClient {
+ public:
+  explicit MetaClient(const std::string& address,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  ~MetaClient();
+
+  const std::string& address() const { return address_; }
+
+  using ProgressFn = std::function<void(const rpc::DatasetProgress&)>;
+  // Scans run on meta and can take minutes; progress is reported as it goes.
+  // Returns the final progress message (done = true).
+  absl::StatusOr<rpc::DatasetProgress> AddDataset(const std::string& name,
+                                                  const std::string& origin, uint64_t block_size,
+                                                  const ProgressFn& progress = {});
+  absl::StatusOr<rpc::DatasetProgress> RefreshDataset(const std::string& name,
+                                                      const ProgressFn& progress = {});
+  absl::StatusOr<std::vector<rpc::Dataset>> ListDatasets();
+  absl::StatusOr<rpc::Dataset> GetDataset(const std::string& name);
+  absl::Status RemoveDataset(const std::string& name, uint32_t version = 0);
+  // Calls fn for every entry of a version (0 = latest), one page at a time.
+  absl::Status ForEachManifestEntry(const std::string& name, uint32_t version,
+                                    const std::function<void(const rpc::FileEntry&)>& fn);
+  absl::StatusOr<rpc::ListManifestResponse> ListManifestPage(const std::string& name,
+                                                             uint32_t version,
+                                                             uint64_t after_file_id,
+                                                             uint32_t max_entries);
+
+  absl::StatusOr<rpc::RecordChecksumsResponse> RecordChecksums(
+      const rpc::RecordChecksumsRequest& req);
+  absl::StatusOr<rpc::GetChecksumsResponse> GetChecksums(const rpc::GetChecksumsRequest& req);
+
+  absl::StatusOr<rpc::RegisterNodeResponse> RegisterNode(const rpc::Node& node);
+  absl::StatusOr<rpc::HeartbeatResponse> Heartbeat(const std::string& node_id,
+                                                   const rpc::NodeStats& stats);
+  absl::StatusOr<std::vector<rpc::Node>> ListNodes();
+  absl::Status ReportBlocks(const rpc::ReportBlocksRequest& req);
+  absl::StatusOr<rpc::LocateResponse> Locate(const rpc::LocateRequest& req);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string address_;
+};
+
+}  // namespace ember::meta

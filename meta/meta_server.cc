@@ -1,0 +1,583 @@
+#include "meta/meta_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/status.h"
+#include "meta/manifest.h"
+#include "meta/meta.grpc.pb.h"
+#include "meta/store.h"
+
+namespace ember::meta {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using FileKey = MetaStore::FileKey;
+
+constexpr uint32_t kMaxManifestPage = 10'000;
+constexpr int kMaxBatch = 100'000;  // blocks per checksum / locate / report call
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+BlockAddr FromProto(const rpc::BlockAddr& b) {
+  return BlockAddr{b.dataset_id(), b.version(), b.file_id(), b.index()};
+}
+
+bool TestBit(const std::string& bitmap, uint64_t i) {
+  return i / 8 < bitmap.size() && (static_cast<uint8_t>(bitmap[i / 8]) >> (i % 8)) & 1;
+}
+
+void SetBit(std::string* bitmap, uint64_t i, bool on) {
+  if (i / 8 >= bitmap->size()) {
+    if (!on) return;
+    bitmap->resize(i / 8 + 1, '\0');
+  }
+  uint8_t b = static_cast<uint8_t>((*bitmap)[i / 8]);
+  b = on ? (b | (1u << (i % 8))) : (b & ~(1u << (i % 8)));
+  (*bitmap)[i / 8] = static_cast<char>(b);
+  while (!bitmap->empty() && bitmap->back() == '\0') bitmap->pop_back();
+}
+
+// Pulls entries of a stored manifest version in id order (= ComparePaths order), with paths.
+class StoredStream {
+ public:
+  StoredStream(MetaStore* store, uint32_t ds, uint32_t ver) : store_(store), ds_(ds), ver_(ver) {}
+  bool Next(std::string* path, rpc::FileEntry* e) {
+    if (pos_ == page_.size()) {
+      if (done_) return false;
+      auto page = store_->ReadManifest(ds_, ver_, after_, 4096);
+      if (!page.ok() || page->empty()) {
+        done_ = true;
+        return false;
+      }
+      page_ = std::move(*page);
+      pos_ = 0;
+      after_ = page_.back().file_id();
+    }
+    *e = page_[pos_++];
+    auto parent = dirs_.find(e->parent_id());
+    *path = parent == dirs_.end() || parent->second.empty()
+                ? e->name()
+                : absl::StrCat(parent->second, "/", e->name());
+    if (e->type() == rpc::FileEntry::DIR) dirs_[e->file_id()] = *path;
+    return true;
+  }
+
+ private:
+  MetaStore* store_;
+  uint32_t ds_, ver_;
+  uint64_t after_ = 0;
+  std::vector<rpc::FileEntry> page_;
+  size_t pos_ = 0;
+  bool done_ = false;
+  std::unordered_map<uint64_t, std::string> dirs_;
+};
+
+}  // namespace
+
+class MetaServiceImpl final : public rpc::Meta::Service {
+ public:
+  MetaServiceImpl(std::unique_ptr<MetaStore> store, const MetaOptions& options)
+      : store_(std::move(store)), options_(options) {}
+
+  absl::Status Load() {
+    ASSIGN_OR_RETURN(std::vector<rpc::Node> nodes, store_->ListNodes());
+    Clock::time_point now = Clock::now();
+    for (auto& n : nodes) {
+      // After a restart every known node gets one lease to check in.
+      std::string id = n.id();
+      nodes_[id] = NodeEntry{std::move(n), now};
+    }
+    size_t locations = 0;
+    RETURN_IF_ERROR(store_->ForEachLocation(
+        [&](const FileKey& key, const std::string& node, const std::string& bitmap) {
+          locations_[key][node] = bitmap;
+          node_files_[node].insert(key);
+          locations++;
+        }));
+    spdlog::info("meta: loaded {} nodes and {} file location records", nodes_.size(), locations);
+    return absl::OkStatus();
+  }
+
+  // ---- datasets ----
+
+  grpc::Status AddDataset(grpc::ServerContext* ctx, const rpc::AddDatasetRequest* req,
+                          grpc::ServerWriter<rpc::DatasetProgress>* writer) override {
+    return ToGrpc(DoAdd(*req, writer));
+  }
+
+  grpc::Status RefreshDataset(grpc::ServerContext* ctx, const rpc::RefreshDatasetRequest* req,
+                              grpc::ServerWriter<rpc::DatasetProgress>* writer) override {
+    return ToGrpc(DoRefresh(req->name(), writer));
+  }
+
+  grpc::Status ListDatasets(grpc::ServerContext*, const rpc::ListDatasetsRequest*,
+                            rpc::ListDatasetsResponse* resp) override {
+    auto all = store_->ListDatasets();
+    if (!all.ok()) return ToGrpc(all.status());
+    for (auto& ds : *all) *resp->add_datasets() = std::move(ds);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetDataset(grpc::ServerContext*, const rpc::GetDatasetRequest* req,
+                          rpc::Dataset* resp) override {
+    auto ds = Resolve(*req);
+    if (!ds.ok()) return ToGrpc(ds.status());
+    *resp = std::move(*ds);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RemoveDataset(grpc::ServerContext*, const rpc::RemoveDatasetRequest* req,
+                             rpc::RemoveDatasetResponse*) override {
+    return ToGrpc(DoRemove(*req));
+  }
+
+  grpc::Status ListManifest(grpc::ServerContext*, const rpc::ListManifestRequest* req,
+                            rpc::ListManifestResponse* resp) override {
+    return ToGrpc(DoListManifest(*req, resp));
+  }
+
+  // ---- checksums ----
+
+  grpc::Status RecordChecksums(grpc::ServerContext*, const rpc::RecordChecksumsRequest* req,
+                               rpc::RecordChecksumsResponse* resp) override {
+    return ToGrpc(DoRecordChecksums(*req, resp));
+  }
+
+  grpc::Status GetChecksums(grpc::ServerContext*, const rpc::GetChecksumsRequest* req,
+                            rpc::GetChecksumsResponse* resp) override {
+    if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
+    for (const auto& b : req->blocks()) {
+      auto sum = store_->GetChecksum(FromProto(b));
+      if (!sum.ok()) return ToGrpc(sum.status());
+      resp->add_checksums(sum->value_or(0));
+      resp->add_present(sum->has_value());
+    }
+    return grpc::Status::OK;
+  }
+
+  // ---- nodes and locations ----
+
+  grpc::Status RegisterNode(grpc::ServerContext*, const rpc::RegisterNodeRequest* req,
+                            rpc::RegisterNodeResponse* resp) override {
+    return ToGrpc(DoRegister(*req, resp));
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const rpc::HeartbeatRequest* req,
+                         rpc::HeartbeatResponse* resp) override {
+    std::lock_guard lock(state_mu_);
+    auto it = nodes_.find(req->node_id());
+    if (it == nodes_.end()) {
+      resp->set_reregister(true);
+      return grpc::Status::OK;
+    }
+    if (!Alive(it->second)) spdlog::info("meta: node {} is back", req->node_id());
+    it->second.last_heartbeat = Clock::now();
+    it->second.node.set_last_heartbeat_unix_ms(NowUnixMs());
+    *it->second.node.mutable_stats() = req->stats();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListNodes(grpc::ServerContext*, const rpc::ListNodesRequest*,
+                         rpc::ListNodesResponse* resp) override {
+    std::lock_guard lock(state_mu_);
+    for (auto& [id, entry] : nodes_) {
+      rpc::Node* n = resp->add_nodes();
+      *n = entry.node;
+      n->set_state(Alive(entry) ? rpc::Node::ALIVE : rpc::Node::DEAD);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportBlocks(grpc::ServerContext*, const rpc::ReportBlocksRequest* req,
+                            rpc::ReportBlocksResponse*) override {
+    return ToGrpc(DoReport(*req));
+  }
+
+  grpc::Status Locate(grpc::ServerContext*, const rpc::LocateRequest* req,
+                      rpc::LocateResponse* resp) override {
+    if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
+    std::lock_guard lock(state_mu_);
+    for (const auto& b : req->blocks()) {
+      rpc::Holders* h = resp->add_holders();
+      auto it = locations_.find(FileKey{b.dataset_id(), b.version(), b.file_id()});
+      if (it == locations_.end()) continue;
+      for (const auto& [node_id, bitmap] : it->second) {
+        if (!TestBit(bitmap, b.index())) continue;
+        auto n = nodes_.find(node_id);
+        if (n == nodes_.end() || !Alive(n->second)) continue;
+        h->add_node_ids(node_id);
+        h->add_addresses(n->second.node.address());
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct NodeEntry {
+    rpc::Node node;
+    Clock::time_point last_heartbeat;
+  };
+
+  static absl::Status TooMany(int n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch of ", n, " blocks is over the limit of ", kMaxBatch));
+  }
+
+  bool Alive(const NodeEntry& e) const { return Clock::now() - e.last_heartbeat <= options_.lease; }
+
+  absl::StatusOr<rpc::Dataset> Resolve(const rpc::GetDatasetRequest& req) {
+    if (!req.name().empty()) return store_->GetDataset(req.name());
+    ASSIGN_OR_RETURN(auto all, store_->ListDatasets());
+    for (auto& ds : all) {
+      if (ds.id() == req.id()) return ds;
+    }
+    return absl::NotFoundError(absl::StrCat("unknown dataset id ", req.id()));
+  }
+
+  // Scans `origin` into (dataset_id, version), streaming progress. Returns the version info.
+  absl::StatusOr<rpc::VersionInfo> ScanVersion(const std::string& origin, uint32_t dataset_id,
+                                               uint32_t version,
+                                               grpc::ServerWriter<rpc::DatasetProgress>* writer) {
+    MetaStore::ManifestWriter mw(store_.get(), dataset_id, version);
+    auto sink = [&](const rpc::FileEntry& e, std::string_view) { return mw.Add(e); };
+    auto progress = [&](const ScanStats& s) {
+      rpc::DatasetProgress p;
+      p.set_entries_scanned(s.entries);
+      p.set_bytes_scanned(s.bytes);
+      writer->Write(p);
+    };
+    auto stats = ScanTree(origin, sink, progress);
+    absl::Status fin = stats.ok() ? mw.Finish() : stats.status();
+    if (!fin.ok()) {
+      (void)store_->DeleteVersionData(dataset_id, version);
+      return fin;
+    }
+    rpc::VersionInfo v;
+    v.set_version(version);
+    v.set_files(stats->files);
+    v.set_dirs(stats->dirs);
+    v.set_symlinks(stats->symlinks);
+    v.set_bytes(stats->bytes);
+    v.set_fingerprint(stats->fingerprint);
+    v.set_created_unix_ms(NowUnixMs());
+    v.set_max_file_id(stats->max_file_id);
+    v.set_skipped(stats->skipped);
+    return v;
+  }
+
+  absl::Status DoAdd(const rpc::AddDatasetRequest& req,
+                     grpc::ServerWriter<rpc::DatasetProgress>* writer) {
+    RETURN_IF_ERROR(ValidateDatasetName(req.name()));
+    uint64_t block_size = req.block_size() == 0 ? kDefaultBlockSize : req.block_size();
+    RETURN_IF_ERROR(ValidateBlockSize(block_size));
+    ASSIGN_OR_RETURN(std::string origin, NormalizeOrigin(req.origin()));
+    std::lock_guard lock(datasets_mu_);
+    auto existing = store_->GetDataset(req.name());
+    if (existing.ok()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "dataset '", req.name(), "' already exists (origin ", existing->origin(), ")"));
+    }
+    if (!absl::IsNotFound(existing.status())) return existing.status();
+    ASSIGN_OR_RETURN(uint32_t id, store_->AllocateDatasetId());
+    ASSIGN_OR_RETURN(rpc::VersionInfo v, ScanVersion(origin, id, 1, writer));
+    rpc::Dataset ds;
+    ds.set_name(req.name());
+    ds.set_id(id);
+    ds.set_origin(origin);
+    ds.set_block_size(block_size);
+    ds.set_latest_version(1);
+    ds.set_created_unix_ms(NowUnixMs());
+    *ds.add_versions() = v;
+    RETURN_IF_ERROR(store_->PutDataset(ds));
+    spdlog::info("meta: added dataset {} (id {}) from {}: {} files, {} bytes", ds.name(), id,
+                 origin, v.files(), v.bytes());
+    rpc::DatasetProgress done;
+    done.set_done(true);
+    done.set_changed(true);
+    done.set_entries_scanned(v.files() + v.dirs() + v.symlinks());
+    done.set_bytes_scanned(v.bytes());
+    done.set_added(done.entries_scanned());
+    *done.mutable_dataset() = ds;
+    writer->Write(done);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoRefresh(const std::string& name,
+                         grpc::ServerWriter<rpc::DatasetProgress>* writer) {
+    std::lock_guard lock(datasets_mu_);
+    ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(name));
+    RETURN_IF_ERROR(NormalizeOrigin(ds.origin()).status());
+    uint32_t latest = ds.latest_version();
+    uint32_t next = latest + 1;
+    ASSIGN_OR_RETURN(rpc::VersionInfo v, ScanVersion(ds.origin(), ds.id(), next, writer));
+    const rpc::VersionInfo* prev = nullptr;
+    for (const auto& pv : ds.versions()) {
+      if (pv.version() == latest) prev = &pv;
+    }
+    rpc::DatasetProgress done;
+    done.set_done(true);
+    done.set_entries_scanned(v.files() + v.dirs() + v.symlinks());
+    done.set_bytes_scanned(v.bytes());
+    if (prev != nullptr && prev->fingerprint() == v.fingerprint() &&
+        prev->max_file_id() == v.max_file_id()) {
+      RETURN_IF_ERROR(store_->DeleteVersionData(ds.id(), next));
+      done.set_changed(false);
+    } else {
+      StoredStream old_s(store_.get(), ds.id(), latest), new_s(store_.get(), ds.id(), next);
+      DiffCounts d = DiffManifests(
+          [&](std::string* p, rpc::FileEntry* e) { return old_s.Next(p, e); },
+          [&](std::string* p, rpc::FileEntry* e) { return new_s.Next(p, e); });
+      ds.set_latest_version(next);
+      *ds.add_versions() = v;
+      RETURN_IF_ERROR(store_->PutDataset(ds));
+      done.set_changed(true);
+      done.set_added(d.added);
+      done.set_removed(d.removed);
+      done.set_modified(d.modified);
+      spdlog::info("meta: dataset {} version {}: +{} -{} ~{}", name, next, d.added, d.removed,
+                   d.modified);
+    }
+    *done.mutable_dataset() = ds;
+    writer->Write(done);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoRemove(const rpc::RemoveDatasetRequest& req) {
+    std::lock_guard lock(datasets_mu_);
+    ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(req.name()));
+    if (req.version() == 0) {
+      RETURN_IF_ERROR(store_->DeleteDataset(ds));
+      DropLocations(ds.id(), 0);
+      spdlog::info("meta: removed dataset {}", ds.name());
+      return absl::OkStatus();
+    }
+    if (req.version() == ds.latest_version()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", req.version(), " is the latest of '", ds.name(),
+                       "'; remove the whole dataset instead"));
+    }
+    rpc::Dataset updated = ds;
+    updated.clear_versions();
+    bool found = false;
+    for (const auto& v : ds.versions()) {
+      if (v.version() == req.version()) {
+        found = true;
+      } else {
+        *updated.add_versions() = v;
+      }
+    }
+    if (!found) {
+      return absl::NotFoundError(
+          absl::StrCat("dataset '", ds.name(), "' has no version ", req.version()));
+    }
+    RETURN_IF_ERROR(store_->PutDataset(updated));
+    RETURN_IF_ERROR(store_->DeleteVersionData(ds.id(), req.version()));
+    DropLocations(ds.id(), req.version());
+    return absl::OkStatus();
+  }
+
+  // Forgets in-memory locations of a dataset (version 0 = all versions).
+  void DropLocations(uint32_t ds, uint32_t version) {
+    std::lock_guard lock(state_mu_);
+    for (auto it = locations_.begin(); it != locations_.end();) {
+      if (it->first.dataset_id == ds && (version == 0 || it->first.version == version)) {
+        for (auto& [node, bitmap] : it->second) node_files_[node].erase(it->first);
+        it = locations_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  absl::Status DoListManifest(const rpc::ListManifestRequest& req,
+                              rpc::ListManifestResponse* resp) {
+    ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(req.name()));
+    uint32_t version = req.version() == 0 ? ds.latest_version() : req.version();
+    bool found = false;
+    for (const auto& v : ds.versions()) found |= v.version() == version;
+    if (!found) {
+      return absl::NotFoundError(
+          absl::StrCat("dataset '", ds.name(), "' has no version ", version));
+    }
+    uint32_t max = req.max_entries() == 0 ? kMaxManifestPage
+                                          : std::min(req.max_entries(), kMaxManifestPage);
+    ASSIGN_OR_RETURN(auto entries, store_->ReadManifest(ds.id(), version, req.after_file_id(), max));
+    resp->set_dataset_id(ds.id());
+    resp->set_version(version);
+    if (entries.size() == max) resp->set_next_after_file_id(entries.back().file_id());
+    for (auto& e : entries) *resp->add_entries() = std::move(e);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoRecordChecksums(const rpc::RecordChecksumsRequest& req,
+                                 rpc::RecordChecksumsResponse* resp) {
+    if (req.checksums_size() > kMaxBatch) return TooMany(req.checksums_size());
+    std::lock_guard lock(checksum_mu_);
+    std::vector<std::pair<BlockAddr, uint64_t>> to_write;
+    std::map<BlockAddr, uint64_t> in_batch;
+    for (const auto& c : req.checksums()) {
+      BlockAddr addr = FromProto(c.block());
+      std::optional<uint64_t> have;
+      if (auto it = in_batch.find(addr); it != in_batch.end()) {
+        have = it->second;
+      } else {
+        ASSIGN_OR_RETURN(have, store_->GetChecksum(addr));
+      }
+      rpc::BlockChecksum* out = resp->add_recorded();
+      *out->mutable_block() = c.block();
+      if (!have) {
+        to_write.emplace_back(addr, c.checksum());
+        in_batch[addr] = c.checksum();
+        out->set_checksum(c.checksum());
+        resp->add_conflict(false);
+      } else {
+        out->set_checksum(*have);
+        resp->add_conflict(*have != c.checksum());
+        if (*have != c.checksum()) {
+          spdlog::warn("meta: checksum conflict for block {}/{}/{}/{}: held {:016x}, got {:016x}",
+                       addr.dataset_id, addr.version, addr.file_id, addr.index, *have,
+                       c.checksum());
+        }
+      }
+    }
+    if (!to_write.empty()) RETURN_IF_ERROR(store_->PutChecksums(to_write));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoRegister(const rpc::RegisterNodeRequest& req, rpc::RegisterNodeResponse* resp) {
+    const rpc::Node& in = req.node();
+    if (in.id().empty()) return absl::InvalidArgumentError("node id is empty");
+    if (in.address().empty()) return absl::InvalidArgumentError("node address is empty");
+    rpc::Node n = in;
+    n.set_registered_unix_ms(NowUnixMs());
+    n.set_last_heartbeat_unix_ms(NowUnixMs());
+    n.set_state(rpc::Node::ALIVE);
+    RETURN_IF_ERROR(store_->PutNode(n));
+    {
+      std::lock_guard lock(state_mu_);
+      nodes_[n.id()] = NodeEntry{n, Clock::now()};
+    }
+    spdlog::info("meta: node {} registered at {} ({} GPUs, capacity {} bytes)", n.id(),
+                 n.address(), n.gpus(), n.capacity_bytes());
+    uint32_t lease = static_cast<uint32_t>(options_.lease.count());
+    resp->set_lease_ms(lease);
+    resp->set_heartbeat_interval_ms(std::max<uint32_t>(lease / 3, 50));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoReport(const rpc::ReportBlocksRequest& req) {
+    if (req.added_size() + req.removed_size() > kMaxBatch) {
+      return TooMany(req.added_size() + req.removed_size());
+    }
+    std::lock_guard lock(state_mu_);
+    if (!nodes_.count(req.node_id())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("unknown node '", req.node_id(), "'; register first"));
+    }
+    const std::string& node = req.node_id();
+    std::set<FileKey> touched;
+    if (req.full_report_start()) {
+      for (const FileKey& k : node_files_[node]) {
+        auto it = locations_.find(k);
+        if (it != locations_.end()) {
+          it->second.erase(node);
+          if (it->second.empty()) locations_.erase(it);
+        }
+        RETURN_IF_ERROR(store_->PutLocation(k, node, ""));
+      }
+      node_files_[node].clear();
+    }
+    for (const auto& f : req.files()) {
+      FileKey k{f.dataset_id(), f.version(), f.file_id()};
+      std::string bitmap = f.bitmap();
+      while (!bitmap.empty() && bitmap.back() == '\0') bitmap.pop_back();
+      locations_[k][node] = bitmap;
+      touched.insert(k);
+    }
+    auto apply = [&](const rpc::BlockAddr& b, bool on) {
+      FileKey k{b.dataset_id(), b.version(), b.file_id()};
+      SetBit(&locations_[k][node], b.index(), on);
+      touched.insert(k);
+    };
+    for (const auto& b : req.added()) apply(b, true);
+    for (const auto& b : req.removed()) apply(b, false);
+    for (const FileKey& k : touched) {
+      auto it = locations_.find(k);
+      std::string bitmap = it->second[node];
+      if (bitmap.empty()) {
+        it->second.erase(node);
+        if (it->second.empty()) locations_.erase(it);
+        node_files_[node].erase(k);
+      } else {
+        node_files_[node].insert(k);
+      }
+      RETURN_IF_ERROR(store_->PutLocation(k, node, bitmap));
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<MetaStore> store_;
+  MetaOptions options_;
+  std::mutex datasets_mu_;  // serializes dataset add / refresh / remove
+  std::mutex checksum_mu_;  // serializes checksum check-and-set
+  std::mutex state_mu_;     // guards nodes_, locations_, node_files_
+  std::map<std::string, NodeEntry> nodes_;
+  std::map<FileKey, std::map<std::string, std::string>> locations_;
+  std::map<std::string, std::set<FileKey>> node_files_;
+};
+
+absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("--data-dir is required");
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create data dir '", options.data_dir, "': ", ec.message()));
+  }
+  ASSIGN_OR_RETURN(auto store, MetaStore::Open(options.data_dir + "/meta.rocksdb"));
+  std::unique_ptr<MetaServer> server(new MetaServer());
+  server->service_ = std::make_unique<MetaServiceImpl>(std::move(store), options);
+  RETURN_IF_ERROR(server->service_->Load());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  server->server_ = builder.BuildAndStart();
+  if (!server->server_ || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen,
+                                               "' (in use, or not an address of this host)"));
+  }
+  spdlog::info("meta: serving on {} (port {}), data in {}", options.listen, server->port_,
+               options.data_dir);
+  return server;
+}
+
+MetaServer::~MetaServer() { Shutdown(); }
+
+void MetaServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+void MetaServer::Shutdown() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace ember::meta

@@ -1,0 +1,323 @@
+#include "meta/store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace ember::meta {
+namespace {
+
+constexpr size_t kManifestBatch = 4096;
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  if (s.IsIOError()) return absl::UnavailableError(msg);
+  return absl::InternalError(msg);
+}
+
+void PutBe32(std::string* s, uint32_t v) {
+  for (int i = 3; i >= 0; i--) s->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutBe64(std::string* s, uint64_t v) {
+  for (int i = 7; i >= 0; i--) s->push_back(static_cast<char>(v >> (8 * i)));
+}
+uint64_t GetBe(std::string_view s, size_t off, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++) v = (v << 8) | static_cast<uint8_t>(s[off + i]);
+  return v;
+}
+
+std::string VersionPrefix(uint32_t ds, uint32_t ver) {
+  std::string k;
+  PutBe32(&k, ds);
+  PutBe32(&k, ver);
+  return k;
+}
+std::string DatasetPrefix(uint32_t ds) {
+  std::string k;
+  PutBe32(&k, ds);
+  return k;
+}
+std::string FileKeyBytes(uint32_t ds, uint32_t ver, uint64_t file) {
+  std::string k = VersionPrefix(ds, ver);
+  PutBe64(&k, file);
+  return k;
+}
+std::string BlockKey(const BlockAddr& a) {
+  std::string k = FileKeyBytes(a.dataset_id, a.version, a.file_id);
+  PutBe64(&k, a.index);
+  return k;
+}
+
+rocksdb::WriteOptions Synced() {
+  rocksdb::WriteOptions w;
+  w.sync = true;
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  options.IncreaseParallelism(2);
+  // Small memtables: meta's working set is manifests written once, read in pages.
+  options.write_buffer_size = 16 << 20;
+  options.max_write_buffer_number = 2;
+  rocksdb::ColumnFamilyOptions cf_options(options);
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+  for (const char* name :
+       {rocksdb::kDefaultColumnFamilyName.c_str(), "datasets", "manifests", "checksums", "nodes",
+        "locations"}) {
+    cfs.emplace_back(name, cf_options);
+  }
+  std::unique_ptr<MetaStore> store(new MetaStore());
+  store->dir_ = dir;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, cfs, &store->handles_, &db);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("cannot open meta store at '", dir, "'"));
+  store->db_.reset(db);
+  store->datasets_ = store->handles_[1];
+  store->manifests_ = store->handles_[2];
+  store->checksums_ = store->handles_[3];
+  store->nodes_ = store->handles_[4];
+  store->locations_ = store->handles_[5];
+  RETURN_IF_ERROR(store->DropOrphanManifests());
+  return store;
+}
+
+MetaStore::~MetaStore() {
+  if (db_) {
+    for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
+    db_->Close();
+  }
+}
+
+absl::StatusOr<rpc::Dataset> MetaStore::GetDataset(const std::string& name) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), datasets_, name, &value);
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("unknown dataset '", name, "'"));
+  RETURN_IF_ERROR(FromRocks(s, "read dataset"));
+  rpc::Dataset ds;
+  if (!ds.ParseFromString(value)) {
+    return absl::DataLossError(absl::StrCat("dataset record '", name, "' is corrupt"));
+  }
+  return ds;
+}
+
+absl::StatusOr<std::vector<rpc::Dataset>> MetaStore::ListDatasets() {
+  std::vector<rpc::Dataset> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), datasets_));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    rpc::Dataset ds;
+    if (!ds.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(
+          absl::StrCat("dataset record '", it->key().ToString(), "' is corrupt"));
+    }
+    out.push_back(std::move(ds));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list datasets"));
+  return out;
+}
+
+absl::Status MetaStore::PutDataset(const rpc::Dataset& ds) {
+  return FromRocks(db_->Put(Synced(), datasets_, ds.name(), ds.SerializeAsString()),
+                   "write dataset");
+}
+
+absl::StatusOr<uint32_t> MetaStore::AllocateDatasetId() {
+  std::string value;
+  uint32_t next = 1;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "next_dataset_id", &value);
+  if (s.ok() && value.size() == 4) {
+    next = static_cast<uint32_t>(GetBe(value, 0, 4));
+  } else if (!s.IsNotFound()) {
+    RETURN_IF_ERROR(FromRocks(s, "read dataset id counter"));
+  }
+  std::string nv;
+  PutBe32(&nv, next + 1);
+  RETURN_IF_ERROR(FromRocks(db_->Put(Synced(), "next_dataset_id", nv), "write id counter"));
+  return next;
+}
+
+absl::Status MetaStore::DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf,
+                                          const std::string& begin, const std::string& end) {
+  return FromRocks(db_->DeleteRange(Synced(), cf, begin, end), "delete range");
+}
+
+absl::Status MetaStore::DeleteDataset(const rpc::Dataset& ds) {
+  // The record goes first: a crash midway leaves only orphans, dropped at the next open.
+  RETURN_IF_ERROR(FromRocks(db_->Delete(Synced(), datasets_, ds.name()), "delete dataset"));
+  std::string begin = DatasetPrefix(ds.id()), end = DatasetPrefix(ds.id() + 1);
+  for (auto* cf : {manifests_, checksums_, locations_}) {
+    RETURN_IF_ERROR(DeletePrefixRange(cf, begin, end));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MetaStore::DeleteVersionData(uint32_t dataset_id, uint32_t version) {
+  std::string begin = VersionPrefix(dataset_id, version);
+  std::string end = VersionPrefix(dataset_id, version + 1);
+  if (version == UINT32_MAX) end = DatasetPrefix(dataset_id + 1);
+  for (auto* cf : {manifests_, checksums_, locations_}) {
+    RETURN_IF_ERROR(DeletePrefixRange(cf, begin, end));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MetaStore::DropOrphanManifests() {
+  ASSIGN_OR_RETURN(std::vector<rpc::Dataset> all, ListDatasets());
+  std::set<std::pair<uint32_t, uint32_t>> valid;
+  for (const auto& ds : all) {
+    for (const auto& v : ds.versions()) valid.insert({ds.id(), v.version()});
+  }
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), manifests_));
+  it->SeekToFirst();
+  while (it->Valid()) {
+    std::string_view key(it->key().data(), it->key().size());
+    if (key.size() < 8) {
+      it->Next();
+      continue;
+    }
+    uint32_t ds = static_cast<uint32_t>(GetBe(key, 0, 4));
+    uint32_t ver = static_cast<uint32_t>(GetBe(key, 4, 4));
+    if (!valid.count({ds, ver})) RETURN_IF_ERROR(DeleteVersionData(ds, ver));
+    // Jump to the next (dataset, version) prefix.
+    if (ver == UINT32_MAX) {
+      if (ds == UINT32_MAX) break;
+      it->Seek(DatasetPrefix(ds + 1));
+    } else {
+      it->Seek(VersionPrefix(ds, ver + 1));
+    }
+  }
+  return FromRocks(it->status(), "scan manifests");
+}
+
+MetaStore::ManifestWriter::ManifestWriter(MetaStore* store, uint32_t dataset_id, uint32_t version)
+    : store_(store),
+      dataset_id_(dataset_id),
+      version_(version),
+      batch_(std::make_unique<rocksdb::WriteBatch>()) {}
+
+MetaStore::ManifestWriter::~ManifestWriter() = default;
+
+absl::Status MetaStore::ManifestWriter::Add(const rpc::FileEntry& entry) {
+  batch_->Put(store_->manifests_, FileKeyBytes(dataset_id_, version_, entry.file_id()),
+              entry.SerializeAsString());
+  if (++pending_ >= kManifestBatch) return Finish();
+  return absl::OkStatus();
+}
+
+absl::Status MetaStore::ManifestWriter::Finish() {
+  if (pending_ == 0) return absl::OkStatus();
+  rocksdb::WriteOptions w;
+  w.disableWAL = false;
+  RETURN_IF_ERROR(FromRocks(store_->db_->Write(w, batch_.get()), "write manifest"));
+  batch_->Clear();
+  pending_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<rpc::FileEntry>> MetaStore::ReadManifest(uint32_t dataset_id,
+                                                                   uint32_t version,
+                                                                   uint64_t after_file_id,
+                                                                   size_t max_entries) {
+  std::vector<rpc::FileEntry> out;
+  std::string prefix = VersionPrefix(dataset_id, version);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), manifests_));
+  for (it->Seek(FileKeyBytes(dataset_id, version, after_file_id + 1));
+       it->Valid() && it->key().starts_with(prefix) && out.size() < max_entries; it->Next()) {
+    rpc::FileEntry e;
+    if (!e.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError("manifest entry is corrupt");
+    }
+    out.push_back(std::move(e));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "read manifest"));
+  return out;
+}
+
+absl::Status MetaStore::ForEachEntry(uint32_t dataset_id, uint32_t version,
+                                     const std::function<bool(const rpc::FileEntry&)>& fn) {
+  std::string prefix = VersionPrefix(dataset_id, version);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), manifests_));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    rpc::FileEntry e;
+    if (!e.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError("manifest entry is corrupt");
+    }
+    if (!fn(e)) break;
+  }
+  return FromRocks(it->status(), "read manifest");
+}
+
+absl::StatusOr<std::optional<uint64_t>> MetaStore::GetChecksum(const BlockAddr& addr) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checksums_, BlockKey(addr), &value);
+  if (s.IsNotFound()) return std::optional<uint64_t>();
+  RETURN_IF_ERROR(FromRocks(s, "read checksum"));
+  if (value.size() != 8) return absl::DataLossError("checksum record is corrupt");
+  return std::optional<uint64_t>(GetBe(value, 0, 8));
+}
+
+absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [addr, sum] : items) {
+    std::string v;
+    PutBe64(&v, sum);
+    batch.Put(checksums_, BlockKey(addr), v);
+  }
+  return FromRocks(db_->Write(Synced(), &batch), "write checksums");
+}
+
+absl::Status MetaStore::PutNode(const rpc::Node& node) {
+  return FromRocks(db_->Put(Synced(), nodes_, node.id(), node.SerializeAsString()), "write node");
+}
+
+absl::StatusOr<std::vector<rpc::Node>> MetaStore::ListNodes() {
+  std::vector<rpc::Node> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), nodes_));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    rpc::Node n;
+    if (!n.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError("node record is corrupt");
+    }
+    out.push_back(std::move(n));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list nodes"));
+  return out;
+}
+
+absl::Status MetaStore::PutLocation(const FileKey& key, const std::string& node_id,
+                                    const std::string& bitmap) {
+  std::string k = FileKeyBytes(key.dataset_id, key.version, key.file_id);
+  k += node_id;
+  rocksdb::WriteOptions w;  // soft state: nodes re-report, so no sync
+  if (bitmap.empty()) return FromRocks(db_->Delete(w, locations_, k), "delete location");
+  return FromRocks(db_->Put(w, locations_, k, bitmap), "write location");
+}
+
+absl::Status MetaStore::ForEachLocation(
+    const std::function<void(const FileKey&, const std::string&, const std::string&)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), locations_));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    std::string_view k(it->key().data(), it->key().size());
+    if (k.size() <= 16) continue;
+    FileKey fk{static_cast<uint32_t>(GetBe(k, 0, 4)), static_cast<uint32_t>(GetBe(k, 4, 4)),
+               GetBe(k, 8, 8)};
+    fn(fk, std::string(k.substr(16)), it->value().ToString());
+  }
+  return FromRocks(it->status(), "read locations");
+}
+
+}  // namespace ember::meta

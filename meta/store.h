@@ -1,0 +1,113 @@
+// MetaStore: meta's durable state in RocksDB, one column family per kind of record.
+//
+//   datasets   name                                  -> rpc::Dataset
+//   manifests  dataset_id|version|file_id (BE)       -> rpc::FileEntry
+//   checksums  dataset_id|version|file_id|index (BE) -> XXH3-64 (8 bytes LE)
+//   nodes      node id                               -> rpc::Node
+//   locations  dataset_id|version|file_id|node id    -> block bitmap (soft state)
+//   default    "next_dataset_id"                     -> counter
+//
+// This is the only file that sees RocksDB types; errors are converted to absl::Status here.
+// Thread-safe (RocksDB is); read-modify-write sequences are the caller's to serialize.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/ids.h"
+#include "meta/meta.pb.h"
+
+namespace rocksdb {
+class DB;
+class ColumnFamilyHandle;
+class WriteBatch;
+}  // namespace rocksdb
+
+namespace ember::meta {
+
+class MetaStore {
+ public:
+  // Opens or creates the store under `dir`, and drops manifests left behind by a scan that was
+  // interrupted (a crash between the first manifest page and the dataset record).
+  // Returns: Ok, or Internal / IOError text from RocksDB naming the directory.
+  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir);
+  ~MetaStore();
+
+  // ---- datasets ----
+  // Returns: the dataset, NotFound.
+  absl::StatusOr<rpc::Dataset> GetDataset(const std::string& name);
+  absl::StatusOr<std::vector<rpc::Dataset>> ListDatasets();
+  absl::Status PutDataset(const rpc::Dataset& ds);  // synced
+  absl::StatusOr<uint32_t> AllocateDatasetId();     // synced; ids are never reused
+  // Deletes the record and every manifest, checksum and location of the dataset.
+  absl::Status DeleteDataset(const rpc::Dataset& ds);
+  // Deletes one version's manifest, checksums and locations (not the dataset record).
+  absl::Status DeleteVersionData(uint32_t dataset_id, uint32_t version);
+
+  // ---- manifests ----
+  // Buffers entries and writes them in batches. Call Finish() to write the last batch.
+  class ManifestWriter {
+   public:
+    ManifestWriter(MetaStore* store, uint32_t dataset_id, uint32_t version);
+    ~ManifestWriter();
+    absl::Status Add(const rpc::FileEntry& entry);
+    absl::Status Finish();
+
+   private:
+    MetaStore* store_;
+    uint32_t dataset_id_, version_;
+    std::unique_ptr<rocksdb::WriteBatch> batch_;
+    size_t pending_ = 0;
+  };
+  // Entries with file_id > after_file_id, in id order, at most max_entries of them.
+  absl::StatusOr<std::vector<rpc::FileEntry>> ReadManifest(uint32_t dataset_id, uint32_t version,
+                                                           uint64_t after_file_id,
+                                                           size_t max_entries);
+  // Calls fn for every entry of a version, in id order; stops early if fn returns false.
+  absl::Status ForEachEntry(uint32_t dataset_id, uint32_t version,
+                            const std::function<bool(const rpc::FileEntry&)>& fn);
+
+  // ---- checksums ----
+  absl::StatusOr<std::optional<uint64_t>> GetChecksum(const BlockAddr& addr);
+  absl::Status PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items);
+
+  // ---- nodes ----
+  absl::Status PutNode(const rpc::Node& node);  // synced
+  absl::StatusOr<std::vector<rpc::Node>> ListNodes();
+
+  // ---- locations ----
+  struct FileKey {
+    uint32_t dataset_id = 0;
+    uint32_t version = 0;
+    uint64_t file_id = 0;
+    friend auto operator<=>(const FileKey&, const FileKey&) = default;
+  };
+  // An empty bitmap deletes the record.
+  absl::Status PutLocation(const FileKey& key, const std::string& node_id,
+                           const std::string& bitmap);
+  absl::Status ForEachLocation(
+      const std::function<void(const FileKey&, const std::string& node_id,
+                               const std::string& bitmap)>& fn);
+
+ private:
+  MetaStore() = default;
+  absl::Status DropOrphanManifests();
+  absl::Status DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
+                                 const std::string& end);
+
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  rocksdb::ColumnFamilyHandle* datasets_ = nullptr;
+  rocksdb::ColumnFamilyHandle* manifests_ = nullptr;
+  rocksdb::ColumnFamilyHandle* checksums_ = nullptr;
+  rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
+  rocksdb::ColumnFamilyHandle* locations_ = nullptr;
+  std::string dir_;
+};
+
+}  // namespace ember::meta

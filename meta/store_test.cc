@@ -1,0 +1,124 @@
+#include "meta/store.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/testing.h"
+
+namespace ember::meta {
+namespace {
+
+using ember::testing::TempDir;
+
+rpc::FileEntry Entry(uint64_t id, const std::string& name) {
+  rpc::FileEntry e;
+  e.set_file_id(id);
+  e.set_parent_id(id == 1 ? 0 : 1);
+  e.set_name(name);
+  e.set_type(rpc::FileEntry::FILE);
+  e.set_size(id * 10);
+  return e;
+}
+
+rpc::Dataset MakeDataset(uint32_t id, const std::string& name, std::vector<uint32_t> versions) {
+  rpc::Dataset ds;
+  ds.set_name(name);
+  ds.set_id(id);
+  ds.set_origin("/data/" + name);
+  ds.set_block_size(4 << 20);
+  for (uint32_t v : versions) ds.add_versions()->set_version(v);
+  ds.set_latest_version(versions.back());
+  return ds;
+}
+
+TEST(MetaStoreTest, RoundTripsAcrossReopen) {
+  TempDir d;
+  {
+    auto store = MetaStore::Open(d.Sub("db"));
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto& s = **store;
+    EXPECT_EQ(*s.AllocateDatasetId(), 1u);
+    EXPECT_EQ(*s.AllocateDatasetId(), 2u);
+    ASSERT_TRUE(s.PutDataset(MakeDataset(1, "imgs", {1})).ok());
+    MetaStore::ManifestWriter w(&s, 1, 1);
+    for (uint64_t i = 1; i <= 10'000; i++) ASSERT_TRUE(w.Add(Entry(i, "f" + std::to_string(i))).ok());
+    ASSERT_TRUE(w.Finish().ok());
+    ASSERT_TRUE(s.PutChecksums({{BlockAddr{1, 1, 5, 0}, 0xabcdef}}).ok());
+    rpc::Node n;
+    n.set_id("n1");
+    n.set_address("127.0.0.2:7000");
+    (*n.mutable_labels())["rack"] = "r1";
+    ASSERT_TRUE(s.PutNode(n).ok());
+    ASSERT_TRUE(s.PutLocation({1, 1, 5}, "n1", std::string("\x05", 1)).ok());
+  }
+  auto store = MetaStore::Open(d.Sub("db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto& s = **store;
+  EXPECT_EQ(*s.AllocateDatasetId(), 3u);  // never reused
+  auto ds = s.GetDataset("imgs");
+  ASSERT_TRUE(ds.ok());
+  EXPECT_EQ(ds->origin(), "/data/imgs");
+  EXPECT_EQ(s.GetDataset("nope").status().code(), absl::StatusCode::kNotFound);
+  auto page = s.ReadManifest(1, 1, 0, 100);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->size(), 100u);
+  EXPECT_EQ(page->front().file_id(), 1u);
+  page = s.ReadManifest(1, 1, 9'990, 100);
+  ASSERT_EQ(page->size(), 10u);
+  EXPECT_EQ(page->back().name(), "f10000");
+  EXPECT_EQ(**s.GetChecksum(BlockAddr{1, 1, 5, 0}), 0xabcdefu);
+  EXPECT_FALSE(s.GetChecksum(BlockAddr{1, 1, 5, 1})->has_value());
+  auto nodes = s.ListNodes();
+  ASSERT_EQ(nodes->size(), 1u);
+  EXPECT_EQ(nodes->front().labels().at("rack"), "r1");
+  int locs = 0;
+  ASSERT_TRUE(s.ForEachLocation([&](const MetaStore::FileKey& k, const std::string& node,
+                                    const std::string& bitmap) {
+                 locs++;
+                 EXPECT_EQ(k.file_id, 5u);
+                 EXPECT_EQ(node, "n1");
+                 EXPECT_EQ(bitmap, std::string("\x05", 1));
+               }).ok());
+  EXPECT_EQ(locs, 1);
+}
+
+TEST(MetaStoreTest, DeleteDatasetRemovesEverything) {
+  TempDir d;
+  auto store = MetaStore::Open(d.Sub("db"));
+  auto& s = **store;
+  for (uint32_t id : {1u, 2u}) {
+    ASSERT_TRUE(s.PutDataset(MakeDataset(id, "ds" + std::to_string(id), {1})).ok());
+    MetaStore::ManifestWriter w(&s, id, 1);
+    ASSERT_TRUE(w.Add(Entry(1, "")).ok());
+    ASSERT_TRUE(w.Finish().ok());
+    ASSERT_TRUE(s.PutChecksums({{BlockAddr{id, 1, 1, 0}, 7}}).ok());
+  }
+  ASSERT_TRUE(s.DeleteDataset(MakeDataset(1, "ds1", {1})).ok());
+  EXPECT_FALSE(s.GetDataset("ds1").ok());
+  EXPECT_TRUE(s.ReadManifest(1, 1, 0, 10)->empty());
+  EXPECT_FALSE(s.GetChecksum(BlockAddr{1, 1, 1, 0})->has_value());
+  // The other dataset is untouched.
+  EXPECT_EQ(s.ReadManifest(2, 1, 0, 10)->size(), 1u);
+  EXPECT_TRUE(s.GetChecksum(BlockAddr{2, 1, 1, 0})->has_value());
+}
+
+TEST(MetaStoreTest, OrphanManifestsDroppedOnOpen) {
+  TempDir d;
+  {
+    auto store = MetaStore::Open(d.Sub("db"));
+    auto& s = **store;
+    ASSERT_TRUE(s.PutDataset(MakeDataset(1, "kept", {1})).ok());
+    for (auto [ds, ver] : {std::pair{1u, 1u}, {1u, 2u}, {9u, 1u}}) {
+      MetaStore::ManifestWriter w(&s, ds, ver);
+      ASSERT_TRUE(w.Add(Entry(1, "")).ok());
+      ASSERT_TRUE(w.Finish().ok());
+    }
+  }
+  auto store = MetaStore::Open(d.Sub("db"));
+  auto& s = **store;
+  EXPECT_EQ(s.ReadManifest(1, 1, 0, 10)->size(), 1u);  // a listed version stays
+  EXPECT_TRUE(s.ReadManifest(1, 2, 0, 10)->empty());   // a scan that never finished goes
+  EXPECT_TRUE(s.ReadManifest(9, 1, 0, 10)->empty());
+}
+
+}  // namespace
+}  // namespace ember::meta

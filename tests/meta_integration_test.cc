@@ -1,0 +1,387 @@
+// Integration tests of the metadata service: a real `ember meta` process, real RocksDB in a temp
+// dir, gRPC on 127.0.0.1, driven through the CLI and the client library.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "meta/meta_client.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/testing.h"
+
+namespace ember {
+namespace {
+
+using nlohmann::json;
+using testing::MetaProcess;
+using testing::RunEmber;
+using testing::TempDir;
+using testing::WaitFor;
+using testing::WriteFile;
+
+namespace fs = std::filesystem;
+
+class MetaIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("m"), lease_);
+    fs::create_directories(dir_.Sub("origin/sub/deeper"));
+    WriteFile(dir_.Sub("origin/a.bin"), std::string(5 << 20, 'a'));
+    WriteFile(dir_.Sub("origin/sub/b.txt"), "bee");
+    WriteFile(dir_.Sub("origin/sub/deeper/c"), "");
+    fs::create_symlink("sub/b.txt", dir_.Sub("origin/link"));
+  }
+
+  testing::RunResult Ember(std::vector<std::string> args) {
+    args.push_back("--meta");
+    args.push_back(meta_->address());
+    return RunEmber(args);
+  }
+
+  json EmberJson(std::vector<std::string> args) {
+    args.push_back("--json");
+    auto r = Ember(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return json::parse(r.out);
+  }
+
+  rpc::Node MakeNode(const std::string& id, const std::string& addr) {
+    rpc::Node n;
+    n.set_id(id);
+    n.set_address(addr);
+    (*n.mutable_labels())["rack"] = "r1";
+    n.set_gpus(8);
+    n.set_capacity_bytes(1 << 30);
+    return n;
+  }
+
+  static rpc::BlockAddr Addr(uint32_t ds, uint32_t ver, uint64_t file, uint64_t idx) {
+    rpc::BlockAddr a;
+    a.set_dataset_id(ds);
+    a.set_version(ver);
+    a.set_file_id(file);
+    a.set_index(idx);
+    return a;
+  }
+
+  std::vector<std::string> HolderIds(const rpc::BlockAddr& a) {
+    rpc::LocateRequest req;
+    *req.add_blocks() = a;
+    auto r = meta_->client().Locate(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    auto ids = r->holders(0).node_ids();
+    std::vector<std::string> out(ids.begin(), ids.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  TempDir dir_;
+  std::string lease_ = "10s";
+  std::unique_ptr<MetaProcess> meta_;
+};
+
+TEST_F(MetaIntegrationTest, DatasetLifecycleThroughCli) {
+  auto r = Ember({"dataset", "add", "train", dir_.Sub("origin"), "--block-size", "1MiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("3 files, 3 dirs, 1 symlinks"), std::string::npos) << r.out;
+  json ls = EmberJson({"dataset", "ls"});
+  ASSERT_EQ(ls.size(), 1u);
+  EXPECT_EQ(ls[0]["name"], "train");
+  EXPECT_EQ(ls[0]["block_size"], 1 << 20);
+  EXPECT_EQ(ls[0]["versions"][0]["files"], 3);
+  EXPECT_EQ(ls[0]["versions"][0]["dirs"], 3);
+  EXPECT_EQ(ls[0]["versions"][0]["symlinks"], 1);
+  EXPECT_EQ(ls[0]["versions"][0]["bytes"], (5 << 20) + 3);
+
+  json files = EmberJson({"dataset", "show", "train", "--files"});
+  std::vector<std::string> paths;
+  for (auto& f : files) paths.push_back(f["path"]);
+  EXPECT_EQ(paths, (std::vector<std::string>{"a.bin", "link", "sub", "sub/b.txt", "sub/deeper",
+                                             "sub/deeper/c"}));
+
+  // Bad input: one clear line, non-zero exit, nothing changed.
+  struct Bad {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  std::vector<Bad> bad = {
+      {{"dataset", "add", "train", dir_.Sub("origin")}, "already exists"},
+      {{"dataset", "add", "other", "relative/dir"}, "absolute"},
+      {{"dataset", "add", "other", dir_.Sub("missing")}, "No such file"},
+      {{"dataset", "add", "other", dir_.Sub("origin/a.bin")}, "not a directory"},
+      {{"dataset", "add", "bad name", dir_.Sub("origin")}, "allowed are"},
+      {{"dataset", "add", "other", dir_.Sub("origin"), "--block-size", "4X"}, "invalid size '4X'"},
+      {{"dataset", "add", "other", dir_.Sub("origin"), "--block-size", "3MiB"}, "power of two"},
+      {{"dataset", "show", "nope"}, "unknown dataset 'nope'"},
+      {{"dataset", "rm", "nope"}, "unknown dataset 'nope'"},
+      {{"dataset", "refresh", "nope"}, "unknown dataset 'nope'"},
+  };
+  for (const auto& b : bad) {
+    auto res = Ember(b.args);
+    EXPECT_NE(res.exit_code, 0) << b.args[2];
+    EXPECT_NE(res.err.find(b.says), std::string::npos) << "stderr: " << res.err;
+    EXPECT_EQ(std::count(res.err.begin(), res.err.end(), '\n'), 1) << res.err;
+  }
+  EXPECT_EQ(EmberJson({"dataset", "ls"}).size(), 1u);
+
+  r = Ember({"dataset", "rm", "train"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(EmberJson({"dataset", "ls"}).size(), 0u);
+  // The name is free again, with a new id (ids are never reused).
+  ASSERT_EQ(Ember({"dataset", "add", "train", "file://" + dir_.Sub("origin")}).exit_code, 0);
+  json again = EmberJson({"dataset", "show", "train"});
+  EXPECT_EQ(again["id"], 2);
+  EXPECT_EQ(again["block_size"], 4 << 20);
+}
+
+TEST_F(MetaIntegrationTest, RefreshMakesVersionOnlyOnChange) {
+  ASSERT_EQ(Ember({"dataset", "add", "d", dir_.Sub("origin")}).exit_code, 0);
+  json r = EmberJson({"dataset", "refresh", "d"});
+  EXPECT_FALSE(r["changed"]);
+  EXPECT_EQ(r["latest_version"], 1);
+
+  WriteFile(dir_.Sub("origin/new.txt"), "new");
+  fs::remove(dir_.Sub("origin/sub/deeper/c"));
+  WriteFile(dir_.Sub("origin/sub/b.txt"), "bees!");
+  r = EmberJson({"dataset", "refresh", "d"});
+  EXPECT_TRUE(r["changed"]);
+  EXPECT_EQ(r["latest_version"], 2);
+  EXPECT_EQ(r["added"], 1);
+  EXPECT_EQ(r["removed"], 1);
+  EXPECT_GE(r["modified"], 1);  // b.txt (and parent dirs' mtimes)
+
+  // The old version stays readable by id; the new one has the change.
+  json v1 = EmberJson({"dataset", "show", "d@1", "--files"});
+  json v2 = EmberJson({"dataset", "show", "d@2", "--files"});
+  auto find = [](const json& files, const std::string& path) -> json {
+    for (auto& f : files) {
+      if (f["path"] == path) return f;
+    }
+    return nullptr;
+  };
+  EXPECT_EQ(find(v1, "sub/b.txt")["size"], 3);
+  EXPECT_EQ(find(v2, "sub/b.txt")["size"], 5);
+  EXPECT_TRUE(find(v1, "new.txt").is_null());
+  EXPECT_FALSE(find(v2, "new.txt").is_null());
+  EXPECT_FALSE(find(v1, "sub/deeper/c").is_null());
+  EXPECT_TRUE(find(v2, "sub/deeper/c").is_null());
+
+  // Refresh again without change: still version 2.
+  EXPECT_FALSE(EmberJson({"dataset", "refresh", "d"})["changed"]);
+  // The latest version cannot be removed alone; an old one can.
+  EXPECT_NE(Ember({"dataset", "rm", "d@2"}).exit_code, 0);
+  ASSERT_EQ(Ember({"dataset", "rm", "d@1"}).exit_code, 0);
+  auto gone = Ember({"dataset", "show", "d@1", "--files"});
+  EXPECT_NE(gone.exit_code, 0);
+  EXPECT_NE(gone.err.find("no version 1"), std::string::npos) << gone.err;
+
+  // Origin vanished: refresh fails clearly and keeps what exists.
+  fs::rename(dir_.Sub("origin"), dir_.Sub("moved"));
+  auto lost = Ember({"dataset", "refresh", "d"});
+  EXPECT_NE(lost.exit_code, 0);
+  EXPECT_NE(lost.err.find(dir_.Sub("origin")), std::string::npos) << lost.err;
+  EXPECT_EQ(EmberJson({"dataset", "show", "d"})["latest_version"], 2);
+}
+
+TEST_F(MetaIntegrationTest, ChecksumsFirstWriterWins) {
+  rpc::RecordChecksumsRequest req;
+  auto* c = req.add_checksums();
+  *c->mutable_block() = Addr(1, 1, 2, 3);
+  c->set_checksum(111);
+  auto r = meta_->client().RecordChecksums(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->conflict(0));
+  // The same value again is fine; another value is a conflict and does not replace it.
+  r = meta_->client().RecordChecksums(req);
+  EXPECT_FALSE(r->conflict(0));
+  c->set_checksum(222);
+  r = meta_->client().RecordChecksums(req);
+  EXPECT_TRUE(r->conflict(0));
+  EXPECT_EQ(r->recorded(0).checksum(), 111u);
+  rpc::GetChecksumsRequest get;
+  *get.add_blocks() = Addr(1, 1, 2, 3);
+  *get.add_blocks() = Addr(1, 1, 2, 4);
+  auto g = meta_->client().GetChecksums(get);
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(g->present(0));
+  EXPECT_EQ(g->checksums(0), 111u);
+  EXPECT_FALSE(g->present(1));
+}
+
+class LeaseTest : public MetaIntegrationTest {
+ protected:
+  LeaseTest() { lease_ = "600ms"; }
+};
+
+TEST_F(LeaseTest, ExpiredLeaseMarksNodeDeadAndHidesItsBlocks) {
+  auto& c = meta_->client();
+  ASSERT_TRUE(c.RegisterNode(MakeNode("n1", "127.0.0.2:7001")).ok());
+  auto reg = c.RegisterNode(MakeNode("n2", "127.0.0.3:7001"));
+  ASSERT_TRUE(reg.ok());
+  EXPECT_EQ(reg->lease_ms(), 600u);
+  EXPECT_LE(reg->heartbeat_interval_ms(), 200u);
+
+  // n1 holds blocks 0 and 2 of file 5; n2 holds block 0 (through a full bitmap report).
+  rpc::ReportBlocksRequest r1;
+  r1.set_node_id("n1");
+  *r1.add_added() = Addr(1, 1, 5, 0);
+  *r1.add_added() = Addr(1, 1, 5, 2);
+  ASSERT_TRUE(c.ReportBlocks(r1).ok());
+  rpc::ReportBlocksRequest r2;
+  r2.set_node_id("n2");
+  r2.set_full_report_start(true);
+  auto* f = r2.add_files();
+  f->set_dataset_id(1);
+  f->set_version(1);
+  f->set_file_id(5);
+  f->set_bitmap(std::string("\x01", 1));
+  ASSERT_TRUE(c.ReportBlocks(r2).ok());
+  EXPECT_EQ(HolderIds(Addr(1, 1, 5, 0)), (std::vector<std::string>{"n1", "n2"}));
+  EXPECT_EQ(HolderIds(Addr(1, 1, 5, 2)), (std::vector<std::string>{"n1"}));
+  EXPECT_TRUE(HolderIds(Addr(1, 1, 5, 1)).empty());
+
+  // A report from an unknown node is refused.
+  rpc::ReportBlocksRequest stranger;
+  stranger.set_node_id("ghost");
+  *stranger.add_added() = Addr(1, 1, 5, 1);
+  EXPECT_EQ(c.ReportBlocks(stranger).code(), absl::StatusCode::kFailedPrecondition);
+
+  // n1 keeps heartbeating, n2 goes silent: n2 turns dead and drops out of locate.
+  std::atomic<bool> stop{false};
+  std::thread beat([&] {
+    while (!stop) {
+      (void)c.Heartbeat("n1", rpc::NodeStats());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto state_of = [&](const std::string& id) {
+    auto nodes = c.ListNodes();
+    if (!nodes.ok()) return rpc::Node::UNKNOWN;
+    for (const auto& n : *nodes) {
+      if (n.id() == id) return n.state();
+    }
+    return rpc::Node::UNKNOWN;
+  };
+  EXPECT_EQ(state_of("n2"), rpc::Node::ALIVE);
+  EXPECT_TRUE(WaitFor([&] { return state_of("n2") == rpc::Node::DEAD; }, std::chrono::seconds(5)));
+  EXPECT_EQ(state_of("n1"), rpc::Node::ALIVE);
+  EXPECT_EQ(HolderIds(Addr(1, 1, 5, 0)), (std::vector<std::string>{"n1"}));
+  json status = EmberJson({"status"});
+  ASSERT_EQ(status["nodes"].size(), 2u);
+  for (auto& n : status["nodes"]) {
+    EXPECT_EQ(n["state"], n["id"] == "n1" ? "alive" : "dead");
+    EXPECT_EQ(n["labels"]["rack"], "r1");
+  }
+  // A heartbeat brings n2 back.
+  ASSERT_TRUE(c.Heartbeat("n2", rpc::NodeStats()).ok());
+  EXPECT_EQ(HolderIds(Addr(1, 1, 5, 0)), (std::vector<std::string>{"n1", "n2"}));
+  // Removing a block: n1 no longer holds block 2.
+  rpc::ReportBlocksRequest rm;
+  rm.set_node_id("n1");
+  *rm.add_removed() = Addr(1, 1, 5, 2);
+  ASSERT_TRUE(c.ReportBlocks(rm).ok());
+  EXPECT_TRUE(HolderIds(Addr(1, 1, 5, 2)).empty());
+  stop = true;
+  beat.join();
+  // An unknown node's heartbeat is told to register.
+  EXPECT_TRUE(c.Heartbeat("ghost", rpc::NodeStats())->reregister());
+}
+
+TEST_F(MetaIntegrationTest, EverythingSurvivesKill9) {
+  ASSERT_EQ(Ember({"dataset", "add", "d", dir_.Sub("origin")}).exit_code, 0);
+  WriteFile(dir_.Sub("origin/more"), "x");
+  ASSERT_EQ(Ember({"dataset", "refresh", "d"}).exit_code, 0);
+  auto& c = meta_->client();
+  ASSERT_TRUE(c.RegisterNode(MakeNode("n1", "127.0.0.2:7001")).ok());
+  rpc::ReportBlocksRequest rep;
+  rep.set_node_id("n1");
+  *rep.add_added() = Addr(1, 2, 2, 1);
+  ASSERT_TRUE(c.ReportBlocks(rep).ok());
+  rpc::RecordChecksumsRequest sums;
+  auto* s = sums.add_checksums();
+  *s->mutable_block() = Addr(1, 2, 2, 1);
+  s->set_checksum(0xfeed);
+  ASSERT_TRUE(c.RecordChecksums(sums).ok());
+  json before = EmberJson({"dataset", "show", "d@2", "--files"});
+
+  meta_->Kill(SIGKILL);
+  EXPECT_FALSE(c.ListDatasets().ok());
+  meta_->Restart();
+
+  json ds = EmberJson({"dataset", "show", "d"});
+  EXPECT_EQ(ds["latest_version"], 2);
+  EXPECT_EQ(ds["versions"].size(), 2u);
+  EXPECT_EQ(EmberJson({"dataset", "show", "d@2", "--files"}), before);
+  EXPECT_EQ(EmberJson({"dataset", "show", "d@1", "--files"}).size(), before.size() - 1);
+  auto nodes = c.ListNodes();
+  ASSERT_TRUE(nodes.ok());
+  ASSERT_EQ(nodes->size(), 1u);
+  EXPECT_EQ(nodes->at(0).address(), "127.0.0.2:7001");
+  EXPECT_EQ(nodes->at(0).gpus(), 8u);
+  EXPECT_EQ(HolderIds(Addr(1, 2, 2, 1)), (std::vector<std::string>{"n1"}));
+  sums.mutable_checksums(0)->set_checksum(0xbad);
+  EXPECT_TRUE(c.RecordChecksums(sums)->conflict(0));
+  // A new dataset after the restart gets a fresh id.
+  ASSERT_EQ(Ember({"dataset", "add", "e", dir_.Sub("origin")}).exit_code, 0);
+  EXPECT_EQ(EmberJson({"dataset", "show", "e"})["id"], 2);
+}
+
+TEST_F(MetaIntegrationTest, UnreachableMetaNamesTheAddress) {
+  int port = testing::FreePort();
+  auto r = RunEmber({"dataset", "ls", "--meta", absl::StrCat("127.0.0.1:", port)});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(absl::StrCat("meta unreachable at 127.0.0.1:", port)), std::string::npos)
+      << r.err;
+  // EMBER_META selects the service too.
+  r = RunEmber({"status"}, {"EMBER_META=" + meta_->address()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(meta_->address()), std::string::npos);
+}
+
+// 200,000 files: the scan streams to RocksDB and the manifest pages, so meta's memory stays
+// bounded (measured: see docs/benchmarks.md) and no RPC message is large.
+TEST_F(MetaIntegrationTest, LargeManifestBoundedMemoryAndPaged) {
+  const int kDirs = 200, kPerDir = 1000;
+  for (int d = 0; d < kDirs; d++) {
+    std::string dir = dir_.Sub(absl::StrCat("big/d", d));
+    fs::create_directories(dir);
+    for (int f = 0; f < kPerDir; f++) {
+      std::string path = absl::StrCat(dir, "/file-", f, ".jpg");
+      FILE* fp = fopen(path.c_str(), "w");
+      ASSERT_NE(fp, nullptr);
+      if (f % 10 == 0) fputs("x", fp);
+      fclose(fp);
+    }
+  }
+  size_t rss_before = testing::PeakRss(meta_->process().pid());
+  auto r = Ember({"dataset", "add", "big", dir_.Sub("big")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  size_t rss_after = testing::PeakRss(meta_->process().pid());
+  std::printf("meta peak RSS: %.1f MiB before, %.1f MiB after scanning 200,000 files\n",
+              rss_before / 1048576.0, rss_after / 1048576.0);
+  EXPECT_LT(rss_after, 160u << 20);
+
+  uint64_t count = 0, after = 0, pages = 0, last_id = 0;
+  while (true) {
+    auto page = meta_->client().ListManifestPage("big", 0, after, 0);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LT(page->ByteSizeLong(), 4u << 20);
+    for (const auto& e : page->entries()) {
+      EXPECT_GT(e.file_id(), last_id);
+      last_id = e.file_id();
+    }
+    count += page->entries_size();
+    pages++;
+    if (page->next_after_file_id() == 0) break;
+    after = page->next_after_file_id();
+  }
+  EXPECT_EQ(count, 1u + kDirs + kDirs * kPerDir);
+  EXPECT_GT(pages, 10u);
+}
+
+}  // namespace
+}  // namespace ember

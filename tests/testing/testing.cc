@@ -1,0 +1,183 @@
+#include "tests/testing/testing.h"
+
+#include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace ember::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(base && *base ? base : "/tmp", "/ember-test-XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  if (std::getenv("EMBER_KEEP_TMP")) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+Process::Process(std::vector<std::string> argv, const std::string& log_prefix,
+                 std::vector<std::string> env) {
+  out_path_ = log_prefix + ".out";
+  err_path_ = log_prefix + ".err";
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    int out = open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    dup2(out, 1);
+    dup2(err, 2);
+    for (const auto& e : env) putenv(strdup(e.c_str()));
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+}
+
+Process::~Process() {
+  if (Running()) {
+    kill(pid_, SIGCONT);
+    kill(pid_, SIGKILL);
+    Wait(std::chrono::seconds(10));
+  }
+}
+
+bool Process::Running() {
+  if (pid_ <= 0 || exit_code_ >= 0) return false;
+  int status;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  if (r == pid_) exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return false;
+}
+
+void Process::Signal(int sig) {
+  if (Running()) kill(pid_, sig);
+}
+
+int Process::Wait(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (Running()) {
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return exit_code_;
+}
+
+std::string Process::Stdout() const { return ReadFile(out_path_); }
+std::string Process::Stderr() const { return ReadFile(err_path_); }
+
+RunResult RunEmber(const std::vector<std::string>& args, std::vector<std::string> env,
+                   std::chrono::milliseconds timeout) {
+  static int counter = 0;
+  std::string prefix = absl::StrCat("/tmp/ember-run-", getpid(), "-", counter++);
+  std::vector<std::string> argv{EMBER_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  RunResult r;
+  {
+    Process p(argv, prefix, env);
+    r.exit_code = p.Wait(timeout);
+    r.out = p.Stdout();
+    r.err = p.Stderr();
+  }
+  unlink((prefix + ".out").c_str());
+  unlink((prefix + ".err").c_str());
+  return r;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+bool PortOpen(const std::string& host_port) {
+  size_t colon = host_port.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(host_port.c_str() + colon + 1)));
+  inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (pred()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return pred();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void WriteRandomFile(const std::string& path, size_t size, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string buf;
+  buf.resize(1 << 20);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  size_t left = size;
+  while (left > 0) {
+    size_t n = std::min(left, buf.size());
+    for (size_t i = 0; i < n; i += 8) {
+      uint64_t v = rng();
+      std::memcpy(&buf[i], &v, std::min<size_t>(8, n - i));
+    }
+    f.write(buf.data(), static_cast<std::streamsize>(n));
+    left -= n;
+  }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << data;
+}
+
+size_t PeakRss(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace ember::testing

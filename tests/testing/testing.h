@@ -1,0 +1,80 @@
+// Helpers for Ember's tests: private temp dirs, child processes that are always stopped, free
+// loopback ports, and running the `ember` binary. Not linked into any production target.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ember::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Sub(const std::string& rel) const { return path_ + "/" + rel; }
+
+ private:
+  std::string path_;
+};
+
+// A child process with stdout and stderr captured to files. Killed (SIGKILL) on destruction if
+// still running.
+class Process {
+ public:
+  Process(std::vector<std::string> argv, const std::string& log_prefix,
+          std::vector<std::string> env = {});
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool Running();
+  void Signal(int sig);
+  // Waits for exit; returns the exit code (128+signal if killed), or -1 on timeout.
+  int Wait(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  std::string Stdout() const;
+  std::string Stderr() const;
+
+ private:
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+  std::string out_path_, err_path_;
+};
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the ember binary with args to completion (with a timeout) and captures its output.
+RunResult RunEmber(const std::vector<std::string>& args, std::vector<std::string> env = {},
+                   std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+
+// True if a TCP connection to host:port (IPv4) succeeds now.
+bool PortOpen(const std::string& host_port);
+
+// Polls `pred` every 20 ms until true or the timeout; returns its last value.
+bool WaitFor(const std::function<bool()>& pred,
+             std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+// Writes `size` bytes of deterministic pseudo-random content (seeded) to path.
+void WriteRandomFile(const std::string& path, size_t size, uint64_t seed);
+std::string ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::string& data);
+
+// Peak resident set size (VmHWM) of a process in bytes, 0 if unknown.
+size_t PeakRss(pid_t pid);
+
+}  // namespace ember::testing

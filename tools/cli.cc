@@ -1,0 +1,120 @@
+#include "tools/cli.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ember::tools {
+
+void Fail(const absl::Status& status) { Fail(std::string(status.message())); }
+
+void Fail(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "ember: %s\n", message.c_str());
+  std::exit(1);
+}
+
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    if (width.size() < r.size()) width.resize(r.size(), 0);
+    for (size_t i = 0; i < r.size(); i++) width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); i++) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+Progress::Progress(std::string label, uint64_t total)
+    : label_(std::move(label)),
+      total_(total),
+      tty_(isatty(STDERR_FILENO) == 1),
+      start_(std::chrono::steady_clock::now()),
+      last_(start_) {}
+
+void Progress::Update(uint64_t done, const std::string& extra) {
+  auto now = std::chrono::steady_clock::now();
+  auto since = now - last_;
+  if (tty_ ? since < std::chrono::milliseconds(100) : since < std::chrono::seconds(2)) return;
+  last_ = now;
+  double secs = std::chrono::duration<double>(now - start_).count();
+  double rate = secs > 0 ? done / secs : 0;
+  std::string text;
+  if (total_ > 0) {
+    double frac = std::min(1.0, static_cast<double>(done) / total_);
+    if (tty_) {
+      int filled = static_cast<int>(frac * 30);
+      text = absl::StrFormat("%s [%s%s] %5.1f%% %d/%d %s", label_, std::string(filled, '#'),
+                             std::string(30 - filled, '.'), frac * 100, done, total_, extra);
+    } else {
+      text = absl::StrFormat("%s: %.1f%% %d/%d %s", label_, frac * 100, done, total_, extra);
+    }
+  } else {
+    text = absl::StrFormat("%s: %d %s (%.0f/s)", label_, done, extra, rate);
+  }
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+  } else {
+    std::fprintf(stderr, "%s\n", text.c_str());
+  }
+  printed_ = true;
+}
+
+void Progress::Finish(const std::string& summary) {
+  if (tty_ && printed_) std::fprintf(stderr, "\r\033[K");
+  if (!summary.empty()) std::fprintf(stderr, "%s\n", summary.c_str());
+}
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
+absl::Status ValidateHostPort(const std::string& flag, const std::string& value) {
+  size_t colon = value.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " '", value, "' must be HOST:PORT, e.g. 127.0.0.1:7370"));
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatTimeMs(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  time_t t = unix_ms / 1000;
+  struct tm tm;
+  localtime_r(&t, &tm);
+  char buf[32];
+  strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+}  // namespace ember::tools

@@ -1,0 +1,49 @@
+// `ember meta`: run the metadata service.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "common/units.h"
+#include "meta/meta_client.h"
+#include "meta/meta_server.h"
+#include "tools/cli.h"
+
+namespace ember::tools {
+
+void AddMetaCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("meta", "Run the metadata service");
+  struct Opts {
+    std::string listen = meta::kDefaultMetaAddress;
+    std::string data_dir;
+    std::string lease = "10s";
+  };
+  auto opts = std::make_shared<Opts>();
+  cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")
+      ->capture_default_str();
+  cmd->add_option("--data-dir", opts->data_dir, "Directory for the RocksDB store")->required();
+  cmd->add_option("--lease", opts->lease, "Node lease: a node silent this long is dead")
+      ->capture_default_str();
+  cmd->callback([opts] {
+    if (auto s = ValidateHostPort("--listen", opts->listen); !s.ok()) Fail(s);
+    auto lease = ParseDuration(opts->lease);
+    if (!lease.ok()) Fail(lease.status());
+    if (lease->count() < 100) Fail("--lease must be at least 100ms");
+    BlockTerminationSignals();
+    meta::MetaOptions options;
+    options.listen = opts->listen;
+    options.data_dir = opts->data_dir;
+    options.lease = *lease;
+    auto server = meta::MetaServer::Start(options);
+    if (!server.ok()) Fail(server.status());
+    std::thread waiter([&] {
+      int sig = WaitForTerminationSignal();
+      spdlog::info("meta: signal {}, shutting down", sig);
+      (*server)->Shutdown();
+    });
+    (*server)->Wait();
+    waiter.join();
+  });
+}
+
+}  // namespace ember::tools

@@ -1,0 +1,73 @@
+// `ember status`: the cluster's nodes and their caches.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/units.h"
+#include "meta/meta_client.h"
+#include "tools/cli.h"
+
+namespace ember::tools {
+
+void AddStatusCommand(CLI::App& app) {
+  auto* c = app.add_subcommand("status", "Show nodes: state, labels, cache use and traffic");
+  auto meta_flag = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+  c->add_flag("--json", *as_json, "Print JSON");
+  c->callback([=] {
+    meta::MetaClient client(meta::ResolveMetaAddress(*meta_flag));
+    auto nodes = client.ListNodes();
+    if (!nodes.ok()) Fail(nodes.status());
+    auto state = [](const rpc::Node& n) {
+      return n.state() == rpc::Node::ALIVE ? "alive" : n.state() == rpc::Node::DEAD ? "dead" : "?";
+    };
+    if (*as_json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& n : *nodes) {
+        const auto& s = n.stats();
+        nlohmann::json labels = nlohmann::json::object();
+        for (const auto& [k, v] : n.labels()) labels[k] = v;
+        arr.push_back({{"id", n.id()},
+                       {"address", n.address()},
+                       {"state", state(n)},
+                       {"labels", labels},
+                       {"gpus", n.gpus()},
+                       {"capacity_bytes", n.capacity_bytes()},
+                       {"used_bytes", s.used_bytes()},
+                       {"resident_blocks", s.resident_blocks()},
+                       {"hits", s.hits()},
+                       {"misses", s.misses()},
+                       {"bytes_from_cache", s.bytes_from_cache()},
+                       {"bytes_from_peers", s.bytes_from_peers()},
+                       {"bytes_from_origin", s.bytes_from_origin()},
+                       {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}});
+      }
+      std::cout << nlohmann::json{{"meta", client.address()}, {"nodes", arr}}.dump(2) << "\n";
+      return;
+    }
+    std::cout << "meta " << client.address() << ": " << nodes->size() << " node(s)\n";
+    if (nodes->empty()) return;
+    std::vector<std::vector<std::string>> rows{{"NODE", "ADDRESS", "STATE", "LABELS", "GPUS",
+                                                "CAPACITY", "USED", "BLOCKS", "HITS", "MISSES",
+                                                "FROM-CACHE", "FROM-PEERS", "FROM-ORIGIN"}};
+    for (const auto& n : *nodes) {
+      std::vector<std::string> labels;
+      for (const auto& [k, v] : n.labels()) labels.push_back(absl::StrCat(k, "=", v));
+      std::sort(labels.begin(), labels.end());
+      const auto& s = n.stats();
+      rows.push_back({n.id(), n.address(), state(n), labels.empty() ? "-" : absl::StrJoin(labels, ","),
+                      std::to_string(n.gpus()), FormatBytes(n.capacity_bytes()),
+                      FormatBytes(s.used_bytes()), std::to_string(s.resident_blocks()),
+                      std::to_string(s.hits()), std::to_string(s.misses()),
+                      FormatBytes(s.bytes_from_cache()), FormatBytes(s.bytes_from_peers()),
+                      FormatBytes(s.bytes_from_origin())});
+    }
+    PrintTable(rows);
+  });
+}
+
+}  // namespace ember::tools
