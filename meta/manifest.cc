@@ -68,6 +68,8 @@ class Walker {
 
   static void Fill(const struct stat& st, rpc::FileEntry* e) {
     e->set_mode(st.st_mode);
+    e->set_uid(st.st_uid);
+    e->set_gid(st.st_gid);
     e->set_mtime_ns(static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec);
     if (S_ISREG(st.st_mode)) e->set_size(st.st_size);
   }
@@ -177,7 +179,8 @@ class Walker {
 
 bool SameContent(const rpc::FileEntry& a, const rpc::FileEntry& b) {
   return a.type() == b.type() && a.size() == b.size() && a.mode() == b.mode() &&
-         a.mtime_ns() == b.mtime_ns() && a.link_target() == b.link_target();
+         a.mtime_ns() == b.mtime_ns() && a.link_target() == b.link_target() &&
+         a.uid() == b.uid() && a.gid() == b.gid();
 }
 
 }  // namespace
@@ -190,10 +193,11 @@ Fingerprint::~Fingerprint() { XXH3_freeState(static_cast<XXH3_state_t*>(state_))
 void Fingerprint::Add(const rpc::FileEntry& e, std::string_view path) {
   auto* st = static_cast<XXH3_state_t*>(state_);
   struct {
-    uint64_t type, size, mode;
+    uint64_t type, size, mode, owner;
     int64_t mtime;
     uint64_t path_len, target_len;
-  } fixed{static_cast<uint64_t>(e.type()), e.size(), e.mode(), e.mtime_ns(), path.size(),
+  } fixed{static_cast<uint64_t>(e.type()), e.size(), e.mode(),
+          (static_cast<uint64_t>(e.uid()) << 32) | e.gid(), e.mtime_ns(), path.size(),
           e.link_target().size()};
   XXH3_64bits_update(st, &fixed, sizeof(fixed));
   XXH3_64bits_update(st, path.data(), path.size());

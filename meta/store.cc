@@ -277,7 +277,8 @@ absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint
     PutBe64(&v, sum);
     batch.Put(checksums_, BlockKey(addr), v);
   }
-  return FromRocks(db_->Write(Synced(), &batch), "write checksums");
+  // Unsynced: the WAL survives a crash of meta; nodes re-record anything lost on power loss.
+  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write checksums");
 }
 
 absl::Status MetaStore::PutNode(const rpc::Node& node) {

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   ember::tools::AddMetaCommand(app);
   ember::tools::AddDatasetCommand(app);
   ember::tools::AddStatusCommand(app);
+  ember::tools::AddNodeCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mount.h>
+
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +46,78 @@ void MetaProcess::Kill(int sig) {
 void MetaProcess::Restart() {
   if (process_->Running()) Kill(SIGKILL);
   Start();
+}
+
+bool IsMounted(const std::string& path) {
+  std::string all = ReadFile("/proc/self/mountinfo");
+  return all.find(" " + path + " ") != std::string::npos;
+}
+
+void ForceUnmount(const std::string& path) {
+  if (IsMounted(path)) umount2(path.c_str(), MNT_DETACH);
+}
+
+NodeProcess::NodeProcess(const std::string& dir, const std::string& meta_address,
+                         const Options& options)
+    : dir_(dir), meta_(meta_address), options_(options) {
+  mount_ = dir_ + "/mnt";
+  cache_dir_ = dir_ + "/cache";
+  std::filesystem::create_directories(mount_);
+  std::filesystem::create_directories(cache_dir_);
+  port_ = FreePort();
+}
+
+NodeProcess::~NodeProcess() {
+  if (process_ && process_->Running()) {
+    process_->Signal(SIGTERM);
+    if (process_->Wait(std::chrono::seconds(10)) < 0) process_->Signal(SIGKILL);
+  }
+  ForceUnmount(mount_);
+}
+
+bool NodeProcess::Start() {
+  std::vector<std::string> argv{EMBER_BINARY, "node", "--meta", meta_, "--listen",
+                                absl::StrCat(options_.listen_host, ":", port_), "--cache-dir",
+                                cache_dir_, "--cache-size", options_.cache_size, "--mount", mount_,
+                                "--node-id", options_.id};
+  argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
+  process_ = std::make_unique<Process>(argv, absl::StrCat(dir_, "/node-", starts_++));
+  // Mounted by this process (an old stale mount may still be listed until it is cleaned up).
+  bool up = WaitFor(
+      [&] {
+        return (IsMounted(mount_) && Log().find("serving datasets at") != std::string::npos) ||
+               !process_->Running();
+      },
+      std::chrono::seconds(20));
+  if (!up || !process_->Running()) {
+    ADD_FAILURE() << "node did not mount: " << Log();
+    return false;
+  }
+  return true;
+}
+
+bool NodeProcess::Stop() {
+  process_->Signal(SIGTERM);
+  int code = process_->Wait(std::chrono::seconds(20));
+  return code == 0 && !IsMounted(mount_);
+}
+
+void NodeProcess::Kill(int sig) {
+  process_->Signal(sig);
+  if (sig == SIGKILL) process_->Wait(std::chrono::seconds(10));
+}
+
+rpc::NodeStats NodeProcess::Stats(meta::MetaClient& client) {
+  auto nodes = client.ListNodes();
+  if (!nodes.ok()) return rpc::NodeStats();
+  for (const auto& n : *nodes) {
+    if (n.id() == options_.id) return n.stats();
+  }
+  return rpc::NodeStats();
+}
+
+std::string NodeProcess::Log() const {
+  return process_ ? process_->Stdout() + process_->Stderr() : std::string();
 }
 
 }  // namespace ember::testing

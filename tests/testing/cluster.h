@@ -32,4 +32,43 @@ class MetaProcess {
   std::unique_ptr<meta::MetaClient> client_;
 };
 
+// An `ember node` process with its own cache dir and mount under `dir`, registered with meta.
+class NodeProcess {
+ public:
+  struct Options {
+    std::string id = "n1";
+    std::string listen_host = "127.0.0.1";
+    std::string cache_size = "1GiB";
+    std::vector<std::string> extra_args;
+  };
+  NodeProcess(const std::string& dir, const std::string& meta_address, const Options& options);
+  NodeProcess(const std::string& dir, const std::string& meta_address)
+      : NodeProcess(dir, meta_address, Options()) {}
+  ~NodeProcess();
+
+  const std::string& mount() const { return mount_; }
+  const std::string& cache_dir() const { return cache_dir_; }
+  const std::string& id() const { return options_.id; }
+  Process& process() { return *process_; }
+  // Starts the agent; waits until its mount is live. Returns false (with the log) if it exits.
+  bool Start();
+  // SIGTERM and wait; true if it exited cleanly and the mount is gone.
+  bool Stop();
+  void Kill(int sig);
+  // Stats as last heartbeated to meta (fresh within a heartbeat interval).
+  rpc::NodeStats Stats(meta::MetaClient& client);
+  std::string Log() const;
+
+ private:
+  std::string dir_, meta_, mount_, cache_dir_;
+  Options options_;
+  int port_ = 0, starts_ = 0;
+  std::unique_ptr<Process> process_;
+};
+
+// True if `path` is a mount point now (per /proc/self/mountinfo).
+bool IsMounted(const std::string& path);
+// Lazily unmounts `path` if something is mounted there.
+void ForceUnmount(const std::string& path);
+
 }  // namespace ember::testing

@@ -1,0 +1,378 @@
+#include "cachefs/block_cache.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace ember::cachefs {
+namespace {
+
+std::string IndexKey(const BlockAddr& a) {
+  std::string k;
+  auto put = [&](uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; i--) k.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  put(a.dataset_id, 4);
+  put(a.version, 4);
+  put(a.file_id, 8);
+  put(a.index, 8);
+  return k;
+}
+
+uint64_t GetBe(const char* p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string IndexValue(uint64_t checksum, uint64_t offset, uint32_t length) {
+  std::string v;
+  auto put = [&](uint64_t x, int n) {
+    for (int i = n - 1; i >= 0; i--) v.push_back(static_cast<char>(x >> (8 * i)));
+  };
+  put(checksum, 8);
+  put(offset, 8);
+  put(length, 4);
+  return v;
+}
+
+uint64_t PolicyHash(const BlockAddr& a) { return MakeBlockId(a).lo; }
+
+}  // namespace
+
+BlockCache::BlockCache(const Options& options)
+    : options_(options),
+      policy_(std::max<uint64_t>(1, options.capacity_bytes / options.expected_block_size)) {}
+
+BlockCache::~BlockCache() {
+  if (index_) index_->Close();
+}
+
+std::string BlockCache::FilePath(const BlockAddr& a) const {
+  return absl::StrCat(options_.dir, "/blocks/", a.dataset_id, "/", a.version, "/", a.file_id);
+}
+
+absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& options) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir + "/blocks", ec);
+  std::string probe = options.dir + "/.write-probe";
+  int fd = ec ? -1 : open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cache dir '", options.dir, "' is not writable: ", ec ? ec.message() : strerror(errno)));
+  }
+  close(fd);
+  unlink(probe.c_str());
+
+  std::unique_ptr<BlockCache> cache(new BlockCache(options));
+  rocksdb::Options ro;
+  ro.create_if_missing = true;
+  ro.write_buffer_size = 8 << 20;
+  ro.max_open_files = 64;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(ro, options.dir + "/index", &db);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open cache index in '", options.dir, "': ", s.ToString()));
+  }
+  cache->index_.reset(db);
+
+  // Load the index; forget blocks whose file is gone.
+  std::set<std::string> missing_files, present_files;
+  std::vector<std::string> stale_keys;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key().size() != 24 || it->value().size() != 20) {
+      stale_keys.push_back(it->key().ToString());
+      continue;
+    }
+    const char* k = it->key().data();
+    BlockAddr a{static_cast<uint32_t>(GetBe(k, 4)), static_cast<uint32_t>(GetBe(k + 4, 4)),
+                GetBe(k + 8, 8), GetBe(k + 16, 8)};
+    const char* v = it->value().data();
+    Entry e;
+    e.checksum = GetBe(v, 8);
+    e.offset = GetBe(v + 8, 8);
+    e.length = static_cast<uint32_t>(GetBe(v + 16, 4));
+    e.generation = cache->next_generation_++;
+    std::string path = cache->FilePath(a);
+    if (!present_files.count(path)) {
+      struct stat st;
+      bool ok = !missing_files.count(path) && stat(path.c_str(), &st) == 0 &&
+                static_cast<uint64_t>(st.st_size) >= e.offset + e.length;
+      if (!ok) {
+        missing_files.insert(path);
+        stale_keys.push_back(it->key().ToString());
+        continue;
+      }
+      present_files.insert(path);
+    }
+    cache->lru_.push_back(a);
+    e.lru = std::prev(cache->lru_.end());
+    cache->used_ += e.length;
+    cache->blocks_.emplace(a, e);
+  }
+  for (const auto& k : stale_keys) db->Delete(rocksdb::WriteOptions(), k);
+  if (!stale_keys.empty()) {
+    spdlog::warn("cache: forgot {} index records whose cache files were missing or short",
+                 stale_keys.size());
+  }
+  // A smaller capacity than last time: evict down to it.
+  {
+    std::lock_guard lock(cache->mu_);
+    while (cache->used_ > options.capacity_bytes && !cache->lru_.empty()) {
+      cache->RemoveLocked(cache->blocks_.find(cache->lru_.back()), true);
+    }
+    cache->added_.clear();
+    cache->removed_.clear();
+  }
+  spdlog::info("cache: {} resident blocks, {} of {} bytes used, in {}", cache->blocks_.size(),
+               cache->used_, options.capacity_bytes, options.dir);
+  return cache;
+}
+
+BlockCache::PinPtr BlockCache::Acquire(const BlockAddr& addr) {
+  std::lock_guard lock(mu_);
+  policy_.RecordAccess(PolicyHash(addr));
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return nullptr;
+  Entry& e = it->second;
+  int fd = open(FilePath(addr).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    spdlog::warn("cache: block file {} vanished: {}", FilePath(addr), strerror(errno));
+    RemoveLocked(it, false);
+    return nullptr;
+  }
+  e.pins++;
+  lru_.splice(lru_.begin(), lru_, e.lru);
+  auto* pin = new Pin{addr, fd, e.offset, e.length, e.checksum, e.verified, e.generation};
+  return PinPtr(pin, [this](const Pin* p) {
+    close(p->fd);
+    Unpin(p->addr);
+    delete p;
+  });
+}
+
+void BlockCache::Unpin(const BlockAddr& addr) {
+  std::lock_guard lock(mu_);
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end()) return;
+  if (--it->second.pins == 0 && it->second.doomed) {
+    PunchHole(addr, it->second.offset, it->second.length);
+    used_ -= it->second.length;
+    lru_.erase(it->second.lru);
+    blocks_.erase(it);
+  }
+}
+
+void BlockCache::MarkVerified(const BlockAddr& addr) {
+  std::lock_guard lock(mu_);
+  auto it = blocks_.find(addr);
+  if (it != blocks_.end()) it->second.verified = true;
+}
+
+bool BlockCache::Resident(const BlockAddr& addr) {
+  std::lock_guard lock(mu_);
+  auto it = blocks_.find(addr);
+  return it != blocks_.end() && !it->second.writing && !it->second.doomed;
+}
+
+void BlockCache::PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t length) {
+  int fd = open(FilePath(addr).c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                length) != 0) {
+    spdlog::warn("cache: cannot punch hole in {}: {}", FilePath(addr), strerror(errno));
+  }
+  close(fd);
+}
+
+void BlockCache::RemoveLocked(std::map<BlockAddr, Entry>::iterator it, bool evicted) {
+  const BlockAddr addr = it->first;
+  index_->Delete(rocksdb::WriteOptions(), IndexKey(addr));
+  removed_.push_back(addr);
+  if (evicted) evictions_++;
+  if (it->second.pins > 0) {
+    it->second.doomed = true;  // punched by the last Unpin
+    return;
+  }
+  PunchHole(addr, it->second.offset, it->second.length);
+  used_ -= it->second.length;
+  lru_.erase(it->second.lru);
+  blocks_.erase(it);
+}
+
+bool BlockCache::Drop(const BlockAddr& addr, uint64_t generation) {
+  std::lock_guard lock(mu_);
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return false;
+  if (generation != 0 && it->second.generation != generation) return false;
+  RemoveLocked(it, false);
+  return true;
+}
+
+BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file_size,
+                                            uint64_t offset, std::string_view data,
+                                            uint64_t checksum) {
+  const uint32_t len = static_cast<uint32_t>(data.size());
+  {
+    std::lock_guard lock(mu_);
+    auto existing = blocks_.find(addr);
+    if (existing != blocks_.end()) {
+      return existing->second.writing || existing->second.doomed ? InsertResult::kNotAdmitted
+                                                                 : InsertResult::kStored;
+    }
+    if (len > options_.capacity_bytes) {
+      not_admitted_++;
+      return InsertResult::kNotAdmitted;
+    }
+    if (used_ + len > options_.capacity_bytes) {
+      // Choose victims from the LRU end, skipping pinned and in-flight blocks.
+      std::vector<std::map<BlockAddr, Entry>::iterator> victims;
+      uint64_t freed = 0;
+      uint32_t victim_max = 0;
+      for (auto r = lru_.rbegin(); r != lru_.rend() && used_ + len - freed > options_.capacity_bytes;
+           ++r) {
+        auto v = blocks_.find(*r);
+        if (v == blocks_.end() || v->second.pins > 0 || v->second.writing || v->second.doomed) {
+          continue;
+        }
+        victims.push_back(v);
+        freed += v->second.length;
+        victim_max = std::max(victim_max, policy_.Frequency(PolicyHash(v->first)));
+      }
+      if (used_ + len - freed > options_.capacity_bytes ||
+          !policy_.Admit(PolicyHash(addr), victim_max)) {
+        not_admitted_++;
+        return InsertResult::kNotAdmitted;
+      }
+      for (auto v : victims) RemoveLocked(v, true);
+    }
+    Entry e;
+    e.writing = true;
+    e.checksum = checksum;
+    e.offset = offset;
+    e.length = len;
+    e.verified = true;  // the caller checked these bytes
+    e.generation = next_generation_++;
+    lru_.push_front(addr);
+    e.lru = lru_.begin();
+    blocks_.emplace(addr, e);
+    used_ += len;
+  }
+
+  // Write the bytes outside the lock, then commit through the index.
+  std::string path = FilePath(addr);
+  int err = 0;
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  }
+  if (fd < 0) {
+    err = errno;
+  } else {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < file_size &&
+        ftruncate(fd, static_cast<off_t>(file_size)) != 0) {
+      err = errno;
+    }
+    size_t done = 0;
+    while (err == 0 && done < len) {
+      ssize_t n = pwrite(fd, data.data() + done, len - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno != EINTR) err = errno;
+      } else {
+        done += static_cast<size_t>(n);
+      }
+    }
+    if (err != 0) {
+      fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), len);
+    }
+    close(fd);
+  }
+  rocksdb::Status s;
+  if (err == 0) {
+    s = index_->Put(rocksdb::WriteOptions(), IndexKey(addr), IndexValue(checksum, offset, len));
+    if (!s.ok()) err = EIO;
+  }
+
+  std::lock_guard lock(mu_);
+  auto it = blocks_.find(addr);
+  if (err != 0) {
+    used_ -= len;
+    lru_.erase(it->second.lru);
+    blocks_.erase(it);
+    not_admitted_++;
+    if (err == ENOSPC || err == EDQUOT) {
+      if (!disk_full_logged_) {
+        spdlog::error("cache: disk full under {}; serving reads without caching until space "
+                      "returns", options_.dir);
+        disk_full_logged_ = true;
+      }
+      return InsertResult::kNoSpace;
+    }
+    spdlog::error("cache: cannot write block to {}: {}", path,
+                  s.ok() ? strerror(err) : s.ToString());
+    return InsertResult::kError;
+  }
+  if (disk_full_logged_) {
+    spdlog::info("cache: writing blocks again under {}", options_.dir);
+    disk_full_logged_ = false;
+  }
+  it->second.writing = false;
+  added_.push_back(addr);
+  return InsertResult::kStored;
+}
+
+BlockCache::Stats BlockCache::GetStats() {
+  std::lock_guard lock(mu_);
+  Stats s;
+  s.capacity_bytes = options_.capacity_bytes;
+  s.used_bytes = used_;
+  s.resident_blocks = blocks_.size();
+  s.evictions = evictions_;
+  s.not_admitted = not_admitted_;
+  return s;
+}
+
+void BlockCache::TakeChanges(std::vector<BlockAddr>* added, std::vector<BlockAddr>* removed) {
+  std::lock_guard lock(mu_);
+  added->swap(added_);
+  removed->swap(removed_);
+  added_.clear();
+  removed_.clear();
+}
+
+void BlockCache::ForEachResidentFile(
+    const std::function<void(uint32_t, uint32_t, uint64_t, const std::string&)>& fn) {
+  std::vector<std::tuple<uint32_t, uint32_t, uint64_t, std::string>> files;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [a, e] : blocks_) {
+      if (e.writing || e.doomed) continue;
+      if (files.empty() || std::get<0>(files.back()) != a.dataset_id ||
+          std::get<1>(files.back()) != a.version || std::get<2>(files.back()) != a.file_id) {
+        files.emplace_back(a.dataset_id, a.version, a.file_id, std::string());
+      }
+      std::string& bm = std::get<3>(files.back());
+      if (bm.size() <= a.index / 8) bm.resize(a.index / 8 + 1, '\0');
+      bm[a.index / 8] = static_cast<char>(bm[a.index / 8] | (1 << (a.index % 8)));
+    }
+  }
+  for (const auto& [ds, ver, file, bm] : files) fn(ds, ver, file, bm);
+}
+
+}  // namespace ember::cachefs

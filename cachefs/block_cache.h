@@ -1,0 +1,127 @@
+// BlockCache: dataset blocks on the node's local disk, under a hard capacity limit.
+//
+// Layout: one sparse file per dataset file and version, `DIR/blocks/<dataset>/<version>/<file>`,
+// with each block written in place at its natural offset. So a fully resident file is a plain
+// copy of the original (the kernel can read it directly later), and any block can be sent to a
+// peer by offset. A small RocksDB index (`DIR/index`) records every resident block with its
+// XXH3-64 checksum; it is the commit point: a block is resident only once its index record is
+// written after its bytes, so a crash mid-write leaves no half block behind. Evicted blocks are
+// freed with fallocate(PUNCH_HOLE).
+//
+// Eviction and admission: see cache_policy.h. Blocks being served (pinned) are never evicted or
+// punched; a block dropped as corrupt while pinned is punched when its last pin goes.
+//
+// Thread-safe; one mutex guards the in-memory state, disk writes happen outside it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cachefs/cache_policy.h"
+#include "common/ids.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace ember::cachefs {
+
+class BlockCache {
+ public:
+  struct Options {
+    std::string dir;
+    uint64_t capacity_bytes = 0;
+    uint64_t expected_block_size = kDefaultBlockSize;  // sizes the frequency sketch
+  };
+
+  // Opens (or creates) the cache and loads its index. Blocks whose cache file is missing are
+  // forgotten. Returns: Ok; FailedPrecondition (dir not writable); the index's error.
+  static absl::StatusOr<std::unique_ptr<BlockCache>> Open(const Options& options);
+  ~BlockCache();
+
+  // A resident block, held against eviction while this object lives (its fd stays open).
+  struct Pin {
+    BlockAddr addr;
+    int fd = -1;
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    uint64_t checksum = 0;
+    bool verified = false;  // checked against its checksum since this agent started
+    uint64_t generation = 0;  // which stored copy of the block this is
+  };
+  using PinPtr = std::shared_ptr<const Pin>;
+
+  // Records an access (hit or miss) for the policy; returns the pinned block or nullptr.
+  PinPtr Acquire(const BlockAddr& addr);
+  void MarkVerified(const BlockAddr& addr);
+
+  enum class InsertResult { kStored, kNotAdmitted, kNoSpace, kError };
+  // Stores a block of a file of `file_size` bytes at `offset`. kNotAdmitted: the policy kept the
+  // resident blocks (the caller serves the bytes without caching); kNoSpace: the disk is full.
+  InsertResult Insert(const BlockAddr& addr, uint64_t file_size, uint64_t offset,
+                      std::string_view data, uint64_t checksum);
+  // Forgets a block whose bytes are wrong; its range is punched once no reader holds it.
+  // With a generation, only that stored copy is dropped (not a good copy stored since).
+  // Returns true if this call dropped it.
+  bool Drop(const BlockAddr& addr, uint64_t generation = 0);
+  bool Resident(const BlockAddr& addr);
+
+  struct Stats {
+    uint64_t capacity_bytes = 0;
+    uint64_t used_bytes = 0;
+    uint64_t resident_blocks = 0;
+    uint64_t evictions = 0;
+    uint64_t not_admitted = 0;
+  };
+  Stats GetStats();
+
+  // Blocks added and removed since the last call (for incremental reports to meta).
+  void TakeChanges(std::vector<BlockAddr>* added, std::vector<BlockAddr>* removed);
+  // Every file with resident blocks and its bitmap (bit i = block i), for a full report.
+  void ForEachResidentFile(
+      const std::function<void(uint32_t dataset_id, uint32_t version, uint64_t file_id,
+                                const std::string& bitmap)>& fn);
+
+  std::string FilePath(const BlockAddr& addr) const;
+
+ private:
+  struct Entry {
+    uint64_t checksum = 0;
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    int pins = 0;
+    bool verified = false;
+    bool writing = false;  // bytes being written, not yet resident
+    bool doomed = false;   // dropped while pinned
+    uint64_t generation = 0;
+    std::list<BlockAddr>::iterator lru;
+  };
+
+  explicit BlockCache(const Options& options);
+  void Unpin(const BlockAddr& addr);
+  // REQUIRES: mu_ held. Removes the entry (index, hole punch, counters).
+  void RemoveLocked(std::map<BlockAddr, Entry>::iterator it, bool evicted);
+  void PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t length);
+
+  Options options_;
+  std::unique_ptr<rocksdb::DB> index_;
+  std::mutex mu_;
+  std::map<BlockAddr, Entry> blocks_;  // GUARDED_BY(mu_)
+  std::list<BlockAddr> lru_;           // GUARDED_BY(mu_), front = most recent
+  CachePolicy policy_;                 // GUARDED_BY(mu_)
+  uint64_t used_ = 0;                  // GUARDED_BY(mu_), includes blocks being written
+  uint64_t evictions_ = 0, not_admitted_ = 0;
+  uint64_t next_generation_ = 1;
+  bool disk_full_logged_ = false;
+  std::vector<BlockAddr> added_, removed_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace ember::cachefs

@@ -1,0 +1,147 @@
+#include "cachefs/block_cache.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/testing/testing.h"
+
+namespace ember::cachefs {
+namespace {
+
+constexpr uint32_t kBlock = 64 << 10;
+
+std::unique_ptr<BlockCache> OpenCache(const std::string& dir, uint64_t capacity) {
+  BlockCache::Options o;
+  o.dir = dir;
+  o.capacity_bytes = capacity;
+  o.expected_block_size = kBlock;
+  auto c = BlockCache::Open(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+std::string ReadPin(const BlockCache::Pin& p) {
+  std::string s(p.length, '\0');
+  EXPECT_EQ(pread(p.fd, s.data(), p.length, static_cast<off_t>(p.offset)),
+            static_cast<ssize_t>(p.length));
+  return s;
+}
+
+TEST(BlockCacheTest, StoresInPlaceAndSurvivesReopen) {
+  testing::TempDir dir;
+  std::string b0(kBlock, 'a'), b2(100, 'c');  // last block of a 2*kBlock+100 file is short
+  uint64_t file_size = 2ull * kBlock + 100;
+  {
+    auto cache = OpenCache(dir.path(), 10ull * kBlock);
+    BlockAddr a0{1, 1, 7, 0}, a2{1, 1, 7, 2};
+    EXPECT_EQ(cache->Acquire(a0), nullptr);
+    EXPECT_EQ(cache->Insert(a0, file_size, 0, b0, BlockChecksum(b0.data(), b0.size())),
+              BlockCache::InsertResult::kStored);
+    EXPECT_EQ(cache->Insert(a2, file_size, 2ull * kBlock, b2, BlockChecksum(b2.data(), 100)),
+              BlockCache::InsertResult::kStored);
+    auto pin = cache->Acquire(a2);
+    ASSERT_NE(pin, nullptr);
+    EXPECT_EQ(ReadPin(*pin), b2);
+    EXPECT_TRUE(pin->verified);
+    // The cache file is the dataset file, sparse where blocks are missing.
+    struct stat st;
+    ASSERT_EQ(stat(cache->FilePath(a0).c_str(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), file_size);
+    std::vector<BlockAddr> added, removed;
+    cache->TakeChanges(&added, &removed);
+    EXPECT_EQ(added.size(), 2u);
+    EXPECT_EQ(cache->GetStats().used_bytes, kBlock + 100u);
+    int files = 0;
+    cache->ForEachResidentFile([&](uint32_t, uint32_t, uint64_t file, const std::string& bm) {
+      files++;
+      EXPECT_EQ(file, 7u);
+      EXPECT_EQ(bm, std::string("\x05", 1));
+    });
+    EXPECT_EQ(files, 1);
+  }
+  auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  auto pin = cache->Acquire({1, 1, 7, 0});
+  ASSERT_NE(pin, nullptr);
+  EXPECT_FALSE(pin->verified);  // verified once per load
+  EXPECT_EQ(ReadPin(*pin), b0);
+  EXPECT_EQ(pin->checksum, BlockChecksum(b0.data(), b0.size()));
+  EXPECT_EQ(cache->Acquire({1, 1, 7, 1}), nullptr);
+  EXPECT_EQ(cache->GetStats().resident_blocks, 2u);
+}
+
+TEST(BlockCacheTest, CapacityIsHardAndPinnedBlocksStay) {
+  testing::TempDir dir;
+  auto cache = OpenCache(dir.path(), 3ull * kBlock);
+  std::string data(kBlock, 'z');
+  uint64_t fsize = 100ull * kBlock;
+  for (uint64_t i = 0; i < 3; i++) {
+    ASSERT_EQ(cache->Insert({1, 1, 1, i}, fsize, i * kBlock, data, 9),
+              BlockCache::InsertResult::kStored);
+  }
+  // Pin every block: nothing can be evicted, so a newcomer is not admitted.
+  std::vector<BlockCache::PinPtr> pins;
+  for (uint64_t i = 0; i < 3; i++) pins.push_back(cache->Acquire({1, 1, 1, i}));
+  for (int k = 0; k < 5; k++) cache->Acquire({1, 1, 1, 50});  // make the newcomer hot
+  EXPECT_EQ(cache->Insert({1, 1, 1, 50}, fsize, 50ull * kBlock, data, 9),
+            BlockCache::InsertResult::kNotAdmitted);
+  EXPECT_LE(cache->GetStats().used_bytes, 3ull * kBlock);
+  pins.clear();
+  // Unpinned, the hot newcomer evicts a cold block and its range becomes a hole.
+  EXPECT_EQ(cache->Insert({1, 1, 1, 50}, fsize, 50ull * kBlock, data, 9),
+            BlockCache::InsertResult::kStored);
+  EXPECT_EQ(cache->GetStats().resident_blocks, 3u);
+  EXPECT_EQ(cache->GetStats().evictions, 1u);
+  EXPECT_LE(cache->GetStats().used_bytes, 3ull * kBlock);
+  struct stat st;
+  ASSERT_EQ(stat(cache->FilePath({1, 1, 1, 0}).c_str(), &st), 0);
+  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, 3ull * kBlock + 4096);
+}
+
+TEST(BlockCacheTest, DropWhilePinnedPunchesAfterRelease) {
+  testing::TempDir dir;
+  auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  std::string data(kBlock, 'q');
+  BlockAddr a{2, 1, 3, 0};
+  ASSERT_EQ(cache->Insert(a, kBlock, 0, data, 1), BlockCache::InsertResult::kStored);
+  auto pin = cache->Acquire(a);
+  cache->Drop(a);
+  EXPECT_FALSE(cache->Resident(a));
+  EXPECT_EQ(cache->Acquire(a), nullptr);
+  EXPECT_EQ(ReadPin(*pin), data);  // the reader holding it still gets its bytes
+  pin.reset();
+  EXPECT_EQ(cache->GetStats().used_bytes, 0u);
+  int fd = open(cache->FilePath(a).c_str(), O_RDONLY);
+  std::string after(kBlock, 'x');
+  ASSERT_EQ(pread(fd, after.data(), kBlock, 0), static_cast<ssize_t>(kBlock));
+  close(fd);
+  EXPECT_EQ(after, std::string(kBlock, '\0'));  // punched
+}
+
+TEST(BlockCacheTest, MissingCacheFileIsForgottenOnOpen) {
+  testing::TempDir dir;
+  std::string path;
+  {
+    auto cache = OpenCache(dir.path(), 10ull * kBlock);
+    std::string data(kBlock, 'm');
+    ASSERT_EQ(cache->Insert({1, 1, 1, 0}, kBlock, 0, data, 1), BlockCache::InsertResult::kStored);
+    path = cache->FilePath({1, 1, 1, 0});
+  }
+  unlink(path.c_str());
+  auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  EXPECT_EQ(cache->GetStats().resident_blocks, 0u);
+  EXPECT_EQ(cache->Acquire({1, 1, 1, 0}), nullptr);
+}
+
+TEST(BlockCacheTest, UnwritableDirIsAClearError) {
+  BlockCache::Options o;
+  o.dir = "/proc/ember-no-such-dir";
+  o.capacity_bytes = 1 << 20;
+  auto c = BlockCache::Open(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("not writable"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace ember::cachefs

@@ -1,0 +1,226 @@
+#include "cachefs/dataset_fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "cachefs/errno.h"
+
+namespace ember::cachefs {
+
+DatasetFs::DatasetFs(Namespace* ns, ReadPath* read_path, int readahead_blocks)
+    : ns_(ns), read_path_(read_path), readahead_blocks_(readahead_blocks) {}
+
+Attr DatasetFs::RootAttr() {
+  Attr a;
+  a.ino = kRootIno;
+  a.mode = S_IFDIR | 0555;
+  a.nlink = 2;
+  return a;
+}
+
+Attr DatasetFs::AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& node) {
+  Attr a;
+  a.ino = MakeIno(view.dataset_id, view.view, file_id);
+  a.mode = node.mode;
+  if (file_id == 1) a.mode = (a.mode & ~07222u);  // the dataset root is read-only too
+  a.mode &= ~0222u;                                // nothing in a dataset is writable
+  a.size = node.size;
+  a.nlink = node.type == rpc::FileEntry::DIR ? 2 : 1;
+  a.uid = node.uid;
+  a.gid = node.gid;
+  a.mtime_ns = node.mtime_ns;
+  return a;
+}
+
+FileRef DatasetFs::RefOf(const DatasetView& view, uint64_t file_id, const FsNode& node) const {
+  FileRef r;
+  r.dataset_id = view.dataset_id;
+  r.version = view.version;
+  r.file_id = file_id;
+  r.block_size = view.block_size;
+  r.dataset_name = view.name;
+  r.origin.root = view.origin;
+  r.origin.path = view.PathOf(file_id);
+  r.origin.size = node.size;
+  r.origin.mtime_ns = node.mtime_ns;
+  return r;
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, const FsNode*>> DatasetFs::Resolve(
+    uint64_t ino) {
+  auto view = ns_->ViewByIno(ino);
+  if (!view.ok()) return view.status();
+  uint32_t ds, v;
+  uint64_t file_id;
+  SplitIno(ino, &ds, &v, &file_id);
+  const FsNode* node = (*view)->Get(file_id);
+  if (node == nullptr) return absl::NotFoundError(absl::StrCat("no inode ", ino));
+  return std::make_pair(*view, node);
+}
+
+absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name) {
+  if (parent == kRootIno) {
+    auto view = ns_->ViewByName(name);
+    if (!view.ok()) return view.status();
+    const FsNode* root = (*view)->Get(1);
+    return Entry{AttrOf(**view, 1, *root), kRootTimeout};
+  }
+  auto r = Resolve(parent);
+  if (!r.ok()) return r.status();
+  const auto& [view, dir] = *r;
+  if (dir->type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
+  auto it = std::lower_bound(dir->children.begin(), dir->children.end(), name,
+                             [&](uint64_t id, const std::string& n) {
+                               return view->Get(id)->name < n;
+                             });
+  if (it == dir->children.end() || view->Get(*it)->name != name) {
+    return absl::NotFoundError(absl::StrCat("no entry '", name, "'"));
+  }
+  return Entry{AttrOf(*view, *it, *view->Get(*it)), kImmutableTimeout};
+}
+
+absl::StatusOr<Entry> DatasetFs::GetAttr(uint64_t ino) {
+  if (ino == kRootIno) return Entry{RootAttr(), kRootTimeout};
+  auto r = Resolve(ino);
+  if (!r.ok()) return r.status();
+  uint32_t ds, v;
+  uint64_t file_id;
+  SplitIno(ino, &ds, &v, &file_id);
+  return Entry{AttrOf(*r->first, file_id, *r->second),
+               file_id == 1 ? kRootTimeout : kImmutableTimeout};
+}
+
+absl::Status DatasetFs::ReadDir(
+    uint64_t ino, uint64_t offset,
+    const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn) {
+  // Offsets: 1 after ".", 2 after "..", 2 + i after the i-th (1-based) child.
+  Attr self, parent = RootAttr();
+  std::shared_ptr<const DatasetView> view;
+  const FsNode* dir = nullptr;
+  std::vector<rpc::Dataset> datasets;
+  if (ino == kRootIno) {
+    self = RootAttr();
+    datasets = ns_->Datasets();
+  } else {
+    auto r = Resolve(ino);
+    if (!r.ok()) return r.status();
+    view = r->first;
+    dir = r->second;
+    if (dir->type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
+    uint32_t ds, v;
+    uint64_t file_id;
+    SplitIno(ino, &ds, &v, &file_id);
+    self = AttrOf(*view, file_id, *dir);
+    if (dir->parent != 0) parent = AttrOf(*view, dir->parent, *view->Get(dir->parent));
+  }
+  if (offset < 1 && !fn(".", self, 1)) return absl::OkStatus();
+  if (offset < 2 && !fn("..", parent, 2)) return absl::OkStatus();
+  uint64_t i = offset < 2 ? 0 : offset - 2;
+  if (ino == kRootIno) {
+    for (; i < datasets.size(); i++) {
+      Attr a;
+      a.ino = MakeIno(datasets[i].id(), 0, 1);
+      a.mode = S_IFDIR | 0555;
+      a.complete = false;  // the manifest loads on lookup, not on listing
+      if (!fn(datasets[i].name(), a, i + 3)) break;
+    }
+    return absl::OkStatus();
+  }
+  for (; i < dir->children.size(); i++) {
+    uint64_t id = dir->children[i];
+    const FsNode* child = view->Get(id);
+    if (!fn(child->name, AttrOf(*view, id, *child), i + 3)) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DatasetFs::ReadLink(uint64_t ino) {
+  auto r = Resolve(ino);
+  if (!r.ok()) return r.status();
+  if (r->second->type != rpc::FileEntry::SYMLINK) return ErrnoStatus(EINVAL, "not a symlink");
+  return r->second->link_target;
+}
+
+absl::StatusOr<uint64_t> DatasetFs::Open(uint64_t ino, int flags) {
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)) {
+    return ErrnoStatus(EROFS, "read-only file system");
+  }
+  if (ino == kRootIno) return ErrnoStatus(EISDIR, "is a directory");
+  auto r = Resolve(ino);
+  if (!r.ok()) return r.status();
+  if (r->second->type == rpc::FileEntry::DIR) return ErrnoStatus(EISDIR, "is a directory");
+  if (r->second->type != rpc::FileEntry::FILE) return ErrnoStatus(EINVAL, "not a regular file");
+  uint32_t ds, v;
+  uint64_t file_id;
+  SplitIno(ino, &ds, &v, &file_id);
+  auto h = std::make_shared<Handle>();
+  h->ref = RefOf(*r->first, file_id, *r->second);
+  uint64_t id = next_handle_++;
+  std::lock_guard lock(handles_mu_);
+  handles_[id] = std::move(h);
+  return id;
+}
+
+absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, uint64_t handle, uint64_t offset,
+                                           size_t size) {
+  std::shared_ptr<Handle> h;
+  {
+    std::lock_guard lock(handles_mu_);
+    auto it = handles_.find(handle);
+    if (it != handles_.end()) h = it->second;
+  }
+  if (!h) {
+    // A handle from before a restart: rebuild it from the inode.
+    auto r = Resolve(ino);
+    if (!r.ok()) return r.status();
+    uint32_t ds, v;
+    uint64_t file_id;
+    SplitIno(ino, &ds, &v, &file_id);
+    h = std::make_shared<Handle>();
+    h->ref = RefOf(*r->first, file_id, *r->second);
+  }
+  // Sequential reader: queue the next blocks once per block boundary crossed.
+  const uint64_t bs = h->ref.block_size;
+  uint64_t ra_first = 0;
+  {
+    std::lock_guard lock(h->mu);
+    bool sequential = offset == h->next_offset;
+    h->next_offset = offset + size;
+    uint64_t next_block = (offset + size + bs - 1) / bs;
+    if (sequential && readahead_blocks_ > 0 && next_block + readahead_blocks_ > h->readahead_next) {
+      ra_first = std::max(next_block, h->readahead_next);
+      h->readahead_next = next_block + readahead_blocks_;
+    }
+  }
+  if (ra_first > 0) {
+    read_path_->Readahead(h->ref, ra_first, static_cast<int>(h->readahead_next - ra_first));
+  }
+  auto r = read_path_->Read(h->ref, offset, size);
+  // Whatever kept the bytes from us (origin gone, changed, unreachable), the reader sees EIO;
+  // the agent's log names the file and the reason.
+  if (!r.ok()) return ErrnoStatus(EIO, std::string(r.status().message()));
+  return r;
+}
+
+void DatasetFs::Release(uint64_t handle) {
+  std::lock_guard lock(handles_mu_);
+  handles_.erase(handle);
+}
+
+FsStats DatasetFs::StatFs() {
+  FsStats s;
+  for (const auto& ds : ns_->Datasets()) {
+    for (const auto& v : ds.versions()) {
+      if (v.version() != ds.latest_version()) continue;
+      s.total_bytes += v.bytes();
+      s.files += v.files() + v.dirs() + v.symlinks();
+    }
+  }
+  return s;
+}
+
+}  // namespace ember::cachefs

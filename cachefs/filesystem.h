@@ -1,0 +1,82 @@
+// FileSystem: what a lookup, stat, readdir or read of the mount returns, apart from any FUSE
+// binding. The libfuse binding (fuse_mount.h) calls it today; a binding that speaks the kernel
+// protocol directly can call the same object. Implementations are thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ember::cachefs {
+
+inline constexpr uint64_t kRootIno = 1;
+
+struct Attr {
+  uint64_t ino = 0;
+  uint32_t mode = 0;  // st_mode with type bits
+  uint64_t size = 0;
+  uint32_t nlink = 1;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  int64_t mtime_ns = 0;
+  bool complete = true;  // false: only ino and type are known (readdirplus then skips it)
+};
+
+struct Entry {
+  Attr attr;
+  double timeout_s = 0;  // how long the kernel may cache the entry and its attributes
+};
+
+// One piece of a read reply: either a byte range of a file descriptor (the kernel splices it,
+// no copy through user space) or bytes in memory.
+struct Segment {
+  int fd = -1;
+  uint64_t pos = 0;
+  size_t len = 0;
+  std::shared_ptr<const std::string> mem;  // when fd < 0
+  size_t mem_off = 0;
+};
+
+// The bytes of a read. Holds whatever keeps them valid (block pins, open fds) until destroyed:
+// destroy it only after the reply has been sent.
+struct ReadResult {
+  std::vector<Segment> segments;
+  size_t total = 0;
+  std::vector<std::shared_ptr<const void>> holds;
+};
+
+struct FsStats {
+  uint64_t total_bytes = 0;
+  uint64_t files = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  // Returns: the entry, NotFound, or an errno status (ENOTDIR).
+  virtual absl::StatusOr<Entry> Lookup(uint64_t parent, const std::string& name) = 0;
+  virtual absl::StatusOr<Entry> GetAttr(uint64_t ino) = 0;
+  // Calls fn(name, attr, next_offset) for entries from `offset` on, until fn returns false.
+  // Offsets are opaque cookies: 0 starts, next_offset resumes after that entry.
+  virtual absl::Status ReadDir(
+      uint64_t ino, uint64_t offset,
+      const std::function<bool(const std::string& name, const Attr& attr, uint64_t next)>& fn) = 0;
+  virtual absl::StatusOr<std::string> ReadLink(uint64_t ino) = 0;
+  // Returns a handle for Read/Release. Returns: EROFS for write access, EISDIR, NotFound.
+  virtual absl::StatusOr<uint64_t> Open(uint64_t ino, int flags) = 0;
+  // Reads [offset, offset+size) clipped to the file size. Returns: EIO when the bytes cannot be
+  // had correctly (origin gone or changed); never wrong bytes.
+  virtual absl::StatusOr<ReadResult> Read(uint64_t ino, uint64_t handle, uint64_t offset,
+                                          size_t size) = 0;
+  virtual void Release(uint64_t handle) = 0;
+  virtual FsStats StatFs() = 0;
+};
+
+}  // namespace ember::cachefs

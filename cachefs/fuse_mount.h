@@ -1,0 +1,55 @@
+// FuseMount: the libfuse3 low-level binding of a FileSystem. Mounts read-only, runs the
+// multi-threaded loop, replies to reads with fd buffers so the kernel splices cached bytes
+// without a copy through this process, and unmounts cleanly on Stop().
+//
+// Every callback ends in exactly one fuse_reply_*; errors go out through ToErrno (errno.h).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cachefs/filesystem.h"
+
+struct fuse_session;
+
+namespace ember::cachefs {
+
+struct MountOptions {
+  bool allow_other = false;  // let other users read the mount (needs user_allow_other or root)
+  int max_threads = 16;
+  bool debug = false;
+};
+
+// Checks a mountpoint before mounting: it must exist and be a directory that is not already a
+// live mount. A stale FUSE mount left by a crashed agent ("Transport endpoint is not connected")
+// is lazily unmounted first. Returns: Ok; NotFound; FailedPrecondition (not a directory, busy).
+absl::Status PrepareMountpoint(const std::string& mountpoint);
+
+class FuseMount {
+ public:
+  // Mounts `fs` at `mountpoint`. The FileSystem must outlive the mount.
+  static absl::StatusOr<std::unique_ptr<FuseMount>> Mount(FileSystem* fs,
+                                                          const std::string& mountpoint,
+                                                          const MountOptions& options);
+  ~FuseMount();
+
+  // Serves requests until Stop() or an external unmount. Returns when the loop has ended.
+  void Run();
+  // Ends the loop and unmounts; safe from any thread, idempotent.
+  void Stop();
+
+  const std::string& mountpoint() const { return mountpoint_; }
+
+ private:
+  FuseMount() = default;
+  FileSystem* fs_ = nullptr;
+  std::string mountpoint_;
+  MountOptions options_;
+  fuse_session* session_ = nullptr;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> unmounted_{false};
+};
+
+}  // namespace ember::cachefs

@@ -1,0 +1,150 @@
+#include "cachefs/namespace.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ember::cachefs {
+namespace {
+constexpr auto kListTtl = std::chrono::seconds(2);
+}
+
+std::string DatasetView::PathOf(uint64_t file_id) const {
+  std::vector<const std::string*> parts;
+  for (const FsNode* n = Get(file_id); n != nullptr && n->parent != 0; n = Get(n->parent)) {
+    parts.push_back(&n->name);
+  }
+  std::string path;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    if (!path.empty()) path += '/';
+    path += **it;
+  }
+  return path;
+}
+
+uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id) {
+  return (static_cast<uint64_t>(dataset_id) << 48) | (static_cast<uint64_t>(view & 0xffff) << 32) |
+         (file_id & 0xffffffffull);
+}
+
+void SplitIno(uint64_t ino, uint32_t* dataset_id, uint32_t* view, uint64_t* file_id) {
+  *dataset_id = static_cast<uint32_t>(ino >> 48);
+  *view = static_cast<uint32_t>((ino >> 32) & 0xffff);
+  *file_id = ino & 0xffffffffull;
+}
+
+Namespace::Namespace(meta::MetaClient* meta) : meta_(meta) {}
+
+std::vector<rpc::Dataset> Namespace::Datasets(bool force_refresh) {
+  std::lock_guard lock(list_mu_);
+  auto now = std::chrono::steady_clock::now();
+  if (force_refresh || now - listed_at_ >= kListTtl) {
+    auto list = meta_->ListDatasets();
+    if (list.ok()) {
+      datasets_ = std::move(*list);
+    } else if (listed_at_ == std::chrono::steady_clock::time_point{}) {
+      spdlog::warn("node: cannot list datasets: {}", std::string(list.status().message()));
+    }
+    listed_at_ = now;
+  }
+  return datasets_;
+}
+
+absl::StatusOr<rpc::Dataset> Namespace::DatasetById(uint32_t id) {
+  for (auto& ds : Datasets()) {
+    if (ds.id() == id) return ds;
+  }
+  return absl::NotFoundError(absl::StrCat("no dataset with id ", id));
+}
+
+absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::ViewByName(const std::string& name) {
+  std::string base = name;
+  uint32_t view = 0;
+  if (size_t at = name.find('@'); at != std::string::npos) {
+    base = name.substr(0, at);
+    if (!absl::SimpleAtoi(name.substr(at + 1), &view) || view == 0 || view > 0xffff) {
+      return absl::NotFoundError(absl::StrCat("no dataset entry '", name, "'"));
+    }
+  }
+  // A name not in the cached list may have just been added or refreshed: look again once.
+  for (bool force : {false, true}) {
+    for (auto& ds : Datasets(force)) {
+      if (ds.name() != base) continue;
+      bool has = view == 0;
+      for (const auto& v : ds.versions()) has |= v.version() == view;
+      if (has) return Load(ds, view);
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no dataset entry '", name, "'"));
+}
+
+absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::ViewByIno(uint64_t ino) {
+  uint32_t ds_id, view;
+  uint64_t file_id;
+  SplitIno(ino, &ds_id, &view, &file_id);
+  {
+    std::shared_lock lock(views_mu_);
+    auto it = views_.find({ds_id, view});
+    if (it != views_.end()) return it->second;
+  }
+  // Not loaded yet (a restarted agent asked about an inode the kernel still knows).
+  auto ds = DatasetById(ds_id);
+  if (!ds.ok()) return ds.status();
+  return Load(*ds, view);
+}
+
+absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Dataset& ds,
+                                                                  uint32_t view) {
+  std::lock_guard load_lock(load_mu_);
+  {
+    std::shared_lock lock(views_mu_);
+    auto it = views_.find({ds.id(), view});
+    if (it != views_.end()) return it->second;
+  }
+  auto v = std::make_shared<DatasetView>();
+  v->name = ds.name();
+  v->dataset_id = ds.id();
+  v->view = view;
+  v->version = view == 0 ? ds.latest_version() : view;
+  v->origin = ds.origin();
+  v->block_size = ds.block_size();
+  for (const auto& info : ds.versions()) {
+    if (info.version() == v->version) v->nodes.reserve(info.max_file_id());
+  }
+  bool dense = true;
+  absl::Status st = meta_->ForEachManifestEntry(ds.name(), v->version, [&](const rpc::FileEntry& e) {
+    if (e.file_id() != v->nodes.size() + 1) {
+      dense = false;
+      return;
+    }
+    FsNode n;
+    n.parent = e.parent_id();
+    n.name = e.name();
+    n.type = static_cast<uint8_t>(e.type());
+    n.size = e.size();
+    n.mode = e.mode();
+    n.uid = e.uid();
+    n.gid = e.gid();
+    n.mtime_ns = e.mtime_ns();
+    n.link_target = e.link_target();
+    v->nodes.push_back(std::move(n));
+    // Pre-order with sorted children: appending keeps each child list sorted.
+    if (e.parent_id() != 0 && e.parent_id() <= v->nodes.size()) {
+      v->nodes[e.parent_id() - 1].children.push_back(e.file_id());
+    }
+  });
+  if (!st.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot load manifest of ", ds.name(), " version ",
+                                               v->version, ": ", st.message()));
+  }
+  if (!dense || v->nodes.empty()) {
+    return absl::DataLossError(absl::StrCat("manifest of ", ds.name(), " is malformed"));
+  }
+  spdlog::info("node: loaded {} version {} ({} entries)", ds.name(), v->version, v->nodes.size());
+  std::unique_lock lock(views_mu_);
+  views_[{ds.id(), view}] = v;
+  return std::shared_ptr<const DatasetView>(v);
+}
+
+}  // namespace ember::cachefs

@@ -1,0 +1,83 @@
+// Namespace: the mount's tree. The root lists every dataset; `NAME` is the dataset's latest
+// version (resolved once per agent lifetime) and `NAME@V` pins version V. Manifests come from meta,
+// page by page, the first time a dataset view is used, and stay in memory (they are immutable).
+//
+// Inode numbers are derived, never allocated: ino = dataset_id << 48 | view << 32 | file_id, where
+// view is 0 for the latest-version view and V for `NAME@V`; the mount root is 1. So a restarted
+// agent answers with the same numbers. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "meta/meta_client.h"
+
+namespace ember::cachefs {
+
+// One manifest entry in memory.
+struct FsNode {
+  uint64_t parent = 0;
+  std::string name;
+  uint8_t type = 0;  // rpc::FileEntry::Type
+  uint64_t size = 0;
+  uint32_t mode = 0;
+  uint32_t uid = 0, gid = 0;
+  int64_t mtime_ns = 0;
+  std::string link_target;
+  std::vector<uint64_t> children;  // dirs: child file ids, sorted by name
+};
+
+// One loaded (dataset, version) manifest, immutable once built.
+struct DatasetView {
+  std::string name;
+  uint32_t dataset_id = 0;
+  uint32_t version = 0;  // the real version, also for the latest view
+  uint32_t view = 0;     // 0 = latest view, else == version
+  std::string origin;
+  uint64_t block_size = 0;
+  std::vector<FsNode> nodes;  // index file_id - 1; ids are dense
+
+  const FsNode* Get(uint64_t file_id) const {
+    return file_id >= 1 && file_id <= nodes.size() ? &nodes[file_id - 1] : nullptr;
+  }
+  // The path of a file relative to the dataset root.
+  std::string PathOf(uint64_t file_id) const;
+};
+
+uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id);
+void SplitIno(uint64_t ino, uint32_t* dataset_id, uint32_t* view, uint64_t* file_id);
+
+class Namespace {
+ public:
+  explicit Namespace(meta::MetaClient* meta);
+
+  // The datasets at the root, refreshed from meta at most every couple of seconds; when meta is
+  // unreachable the last known list is kept.
+  std::vector<rpc::Dataset> Datasets(bool force_refresh = false);
+  // Resolves a root entry name ("NAME" or "NAME@V") to its view, loading it if needed.
+  // Returns: the view, NotFound.
+  absl::StatusOr<std::shared_ptr<const DatasetView>> ViewByName(const std::string& name);
+  // The view an inode (other than the root) belongs to. Returns: the view, NotFound.
+  absl::StatusOr<std::shared_ptr<const DatasetView>> ViewByIno(uint64_t ino);
+
+ private:
+  absl::StatusOr<std::shared_ptr<const DatasetView>> Load(const rpc::Dataset& ds, uint32_t view);
+  absl::StatusOr<rpc::Dataset> DatasetById(uint32_t id);
+
+  meta::MetaClient* meta_;
+  std::mutex list_mu_;
+  std::vector<rpc::Dataset> datasets_;
+  std::chrono::steady_clock::time_point listed_at_{};
+  std::mutex load_mu_;  // one manifest load at a time
+  std::shared_mutex views_mu_;
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const DatasetView>> views_;
+};
+
+}  // namespace ember::cachefs

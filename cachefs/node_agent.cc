@@ -1,0 +1,210 @@
+#include "cachefs/node_agent.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/units.h"
+
+namespace ember::cachefs {
+namespace {
+
+rpc::BlockAddr ToProto(const BlockAddr& a) {
+  rpc::BlockAddr b;
+  b.set_dataset_id(a.dataset_id);
+  b.set_version(a.version);
+  b.set_file_id(a.file_id);
+  b.set_index(a.index);
+  return b;
+}
+
+constexpr size_t kReportPage = 2000;  // files (full report) or blocks (increments) per RPC
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& options) {
+  if (options.cache_dir.empty()) return absl::InvalidArgumentError("--cache-dir is required");
+  if (options.mountpoint.empty()) return absl::InvalidArgumentError("--mount is required");
+  if (options.cache_bytes == 0) return absl::InvalidArgumentError("--cache-size must be > 0");
+  std::unique_ptr<NodeAgent> a(new NodeAgent());
+  a->options_ = options;
+  if (a->options_.node_id.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    a->options_.node_id = host;
+  }
+  // Check the mountpoint before touching anything else.
+  absl::Status mp = PrepareMountpoint(options.mountpoint);
+  if (!mp.ok()) return mp;
+
+  BlockCache::Options co;
+  co.dir = options.cache_dir;
+  co.capacity_bytes = options.cache_bytes;
+  auto cache = BlockCache::Open(co);
+  if (!cache.ok()) return cache.status();
+  a->cache_ = std::move(*cache);
+  struct statvfs vfs;
+  if (statvfs(options.cache_dir.c_str(), &vfs) == 0) {
+    uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    uint64_t used = a->cache_->GetStats().used_bytes;
+    if (options.cache_bytes > avail + used) {
+      spdlog::warn("node: --cache-size {} is larger than the free space of {} ({} free); reads "
+                   "will be served without caching when the disk fills",
+                   FormatBytes(options.cache_bytes), options.cache_dir, FormatBytes(avail));
+    }
+  }
+
+  a->meta_ = std::make_unique<meta::MetaClient>(options.meta_address, std::chrono::seconds(5));
+  a->origin_ = NewPosixOrigin();
+  ReadPath::Options ro;
+  ro.readahead_blocks = options.readahead_blocks;
+  ro.fill_threads = options.fill_threads;
+  a->read_path_ = std::make_unique<ReadPath>(a->cache_.get(), a->origin_.get(), a->meta_.get(), ro);
+  a->namespace_ = std::make_unique<Namespace>(a->meta_.get());
+  a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(),
+                                       options.readahead_blocks);
+  auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
+  if (!mount.ok()) return mount.status();
+  a->mount_ = std::move(*mount);
+  a->background_ = std::thread([p = a.get()] { p->Background(); });
+  return a;
+}
+
+NodeAgent::~NodeAgent() {
+  Stop();
+  if (background_.joinable()) background_.join();
+  mount_.reset();  // unmount before the filesystem it serves goes away
+}
+
+void NodeAgent::Run() { mount_->Run(); }
+
+void NodeAgent::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (mount_) mount_->Stop();
+}
+
+rpc::NodeStats NodeAgent::Stats() {
+  rpc::NodeStats s;
+  BlockCache::Stats c = cache_->GetStats();
+  ReadStats r = read_path_->GetStats();
+  s.set_capacity_bytes(c.capacity_bytes);
+  s.set_used_bytes(c.used_bytes);
+  s.set_resident_blocks(c.resident_blocks);
+  s.set_evictions(c.evictions);
+  s.set_not_admitted(c.not_admitted);
+  s.set_hits(r.hits);
+  s.set_misses(r.misses);
+  s.set_bytes_from_cache(r.bytes_from_cache);
+  s.set_bytes_from_peers(r.bytes_from_peers);
+  s.set_bytes_from_origin(r.bytes_from_origin);
+  s.set_origin_block_reads(r.origin_block_reads);
+  s.set_checksum_failures(r.checksum_failures);
+  return s;
+}
+
+absl::Status NodeAgent::Register() {
+  rpc::Node n;
+  n.set_id(options_.node_id);
+  n.set_address(options_.listen);
+  for (const auto& [k, v] : options_.labels) (*n.mutable_labels())[k] = v;
+  n.set_gpus(options_.gpus);
+  n.set_capacity_bytes(options_.cache_bytes);
+  auto r = meta_->RegisterNode(n);
+  if (!r.ok()) return r.status();
+  heartbeat_interval_ = std::chrono::milliseconds(std::max<uint32_t>(r->heartbeat_interval_ms(), 50));
+  // Changes queued before registration are covered by the full report.
+  std::vector<BlockAddr> added, removed;
+  cache_->TakeChanges(&added, &removed);
+  absl::Status st = FullReport();
+  if (!st.ok()) return st;
+  spdlog::info("node: {} registered with meta at {} (heartbeat every {} ms)", options_.node_id,
+               options_.meta_address, heartbeat_interval_.count());
+  return absl::OkStatus();
+}
+
+absl::Status NodeAgent::FullReport() {
+  rpc::ReportBlocksRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_full_report_start(true);
+  absl::Status st = absl::OkStatus();
+  cache_->ForEachResidentFile([&](uint32_t ds, uint32_t ver, uint64_t file, const std::string& bm) {
+    if (!st.ok()) return;
+    auto* f = req.add_files();
+    f->set_dataset_id(ds);
+    f->set_version(ver);
+    f->set_file_id(file);
+    f->set_bitmap(bm);
+    if (static_cast<size_t>(req.files_size()) >= kReportPage) {
+      st = meta_->ReportBlocks(req);
+      req.clear_files();
+      req.set_full_report_start(false);
+    }
+  });
+  if (!st.ok()) return st;
+  return meta_->ReportBlocks(req);
+}
+
+absl::Status NodeAgent::SendChanges() {
+  std::vector<BlockAddr> added, removed;
+  cache_->TakeChanges(&added, &removed);
+  size_t a = 0, r = 0;
+  while (a < added.size() || r < removed.size()) {
+    rpc::ReportBlocksRequest req;
+    req.set_node_id(options_.node_id);
+    for (; a < added.size() && req.added_size() < static_cast<int>(kReportPage); a++) {
+      *req.add_added() = ToProto(added[a]);
+    }
+    for (; r < removed.size() && req.removed_size() < static_cast<int>(kReportPage); r++) {
+      *req.add_removed() = ToProto(removed[r]);
+    }
+    absl::Status st = meta_->ReportBlocks(req);
+    if (!st.ok()) return st;  // the next registration's full report covers what is lost here
+  }
+  return absl::OkStatus();
+}
+
+void NodeAgent::Background() {
+  auto last_heartbeat = std::chrono::steady_clock::time_point{};
+  bool meta_down_logged = false;
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    absl::Status st = absl::OkStatus();
+    if (!registered_) {
+      st = Register();
+      registered_ = st.ok();
+    } else {
+      st = SendChanges();
+      if (st.ok() && std::chrono::steady_clock::now() - last_heartbeat >= heartbeat_interval_) {
+        auto hb = meta_->Heartbeat(options_.node_id, Stats());
+        if (hb.ok()) {
+          last_heartbeat = std::chrono::steady_clock::now();
+          if (hb->reregister()) registered_ = false;
+          read_path_->FlushPendingChecksums();
+        } else {
+          st = hb.status();
+        }
+      }
+      if (!st.ok()) registered_ = false;  // re-register (with a full report) when meta is back
+    }
+    if (!st.ok() && !meta_down_logged) {
+      spdlog::warn("node: meta at {}: {}; serving on and retrying", options_.meta_address,
+                   std::string(st.message()));
+      meta_down_logged = true;
+    } else if (st.ok() && meta_down_logged) {
+      spdlog::info("node: meta at {} is back", options_.meta_address);
+      meta_down_logged = false;
+    }
+    lock.lock();
+    cv_.wait_for(lock, st.ok() ? options_.report_interval : std::chrono::milliseconds(500),
+                 [&] { return stopping_; });
+  }
+}
+
+}  // namespace ember::cachefs

@@ -1,0 +1,81 @@
+// NodeAgent: one node of an Ember cluster. Opens the block cache, registers with meta (full
+// block report, then heartbeats and incremental reports), and serves datasets through a FUSE
+// mount. This is the front door of cachefs/: tools/ builds one from flags.
+//
+// Meta may come and go: the agent retries registration in the background and keeps serving what
+// it can (resident blocks and origin reads of loaded manifests) meanwhile.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "cachefs/block_cache.h"
+#include "cachefs/dataset_fs.h"
+#include "cachefs/fuse_mount.h"
+#include "cachefs/namespace.h"
+#include "cachefs/origin.h"
+#include "cachefs/read_path.h"
+#include "meta/meta_client.h"
+
+namespace ember::cachefs {
+
+struct NodeOptions {
+  std::string meta_address;
+  std::string listen = "127.0.0.1:7371";  // address peers reach this node's block server on
+  std::string node_id;                    // default: the host name
+  std::map<std::string, std::string> labels;
+  uint32_t gpus = 0;
+  std::string cache_dir;
+  uint64_t cache_bytes = 0;
+  std::string mountpoint;
+  MountOptions mount;
+  int readahead_blocks = 2;
+  int fill_threads = 2;
+  std::chrono::milliseconds report_interval{200};
+};
+
+class NodeAgent {
+ public:
+  // Validates options, opens the cache and mounts. Registration with meta happens in the
+  // background. Returns: InvalidArgument / NotFound / FailedPrecondition naming what is wrong.
+  static absl::StatusOr<std::unique_ptr<NodeAgent>> Start(const NodeOptions& options);
+  ~NodeAgent();
+
+  // Serves the mount until Stop(); returns when it is unmounted.
+  void Run();
+  // Unmounts and stops background threads; safe from a signal-handling thread.
+  void Stop();
+
+  rpc::NodeStats Stats();
+
+ private:
+  NodeAgent() = default;
+  void Background();
+  absl::Status Register();
+  absl::Status FullReport();
+  absl::Status SendChanges();
+
+  NodeOptions options_;
+  std::unique_ptr<meta::MetaClient> meta_;
+  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<Origin> origin_;
+  std::unique_ptr<ReadPath> read_path_;
+  std::unique_ptr<Namespace> namespace_;
+  std::unique_ptr<DatasetFs> fs_;
+  std::unique_ptr<FuseMount> mount_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread background_;
+  bool registered_ = false;
+  std::chrono::milliseconds heartbeat_interval_{1000};
+};
+
+}  // namespace ember::cachefs

@@ -1,0 +1,298 @@
+#include "cachefs/read_path.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ember::cachefs {
+namespace {
+constexpr size_t kMaxQueuedReadahead = 64;
+}
+
+ReadPath::ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta,
+                   const Options& options)
+    : cache_(cache), origin_(origin), meta_(meta), options_(options) {
+  for (int i = 0; i < options_.fill_threads; i++) workers_.emplace_back([this] { Worker(); });
+}
+
+ReadPath::~ReadPath() {
+  {
+    std::lock_guard lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+ReadStats ReadPath::GetStats() const {
+  ReadStats s;
+  s.hits = hits_;
+  s.misses = misses_;
+  s.bytes_from_cache = bytes_cache_;
+  s.bytes_from_origin = bytes_origin_;
+  s.origin_block_reads = origin_reads_;
+  s.checksum_failures = checksum_failures_;
+  return s;
+}
+
+absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size) {
+  ReadResult result;
+  const uint64_t file_size = file.origin.size;
+  if (offset >= file_size || size == 0) return result;
+  const uint64_t end = std::min<uint64_t>(file_size, offset + size);
+  const uint64_t bs = file.block_size;
+  for (uint64_t index = offset / bs; index * bs < end; index++) {
+    auto block = GetBlock(file, index);
+    if (!block.ok()) return block.status();
+    uint64_t block_start = index * bs;
+    uint64_t from = std::max(offset, block_start);
+    uint64_t to = std::min(end, block_start + bs);
+    Segment seg;
+    seg.len = to - from;
+    if (block->pin) {
+      seg.fd = block->pin->fd;
+      seg.pos = from;  // blocks sit at their natural offsets in the cache file
+      if (!block->filled) bytes_cache_ += seg.len;
+      result.holds.push_back(block->pin);
+      // Merge with the previous segment when it is the same cache file and contiguous.
+      if (!result.segments.empty()) {
+        Segment& prev = result.segments.back();
+        if (prev.fd >= 0 && prev.pos + prev.len == seg.pos) {
+          // Different pins hold different fds of the same file; keep the first fd.
+          prev.len += seg.len;
+          result.total += seg.len;
+          continue;
+        }
+      }
+    } else {
+      if (!block->filled) bytes_cache_ += seg.len;  // a recent block kept in memory
+      seg.mem = block->data;
+      seg.mem_off = from - block_start;
+    }
+    result.total += seg.len;
+    result.segments.push_back(std::move(seg));
+  }
+  return result;
+}
+
+absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uint64_t index) {
+  const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
+  bool filled = false;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    if (auto pin = cache_->Acquire(addr)) {
+      if (!pin->verified) {
+        if (!VerifyPinned(*pin)) continue;  // dropped; fill it again
+        cache_->MarkVerified(addr);
+      }
+      if (!filled) hits_++;
+      return BlockBytes{pin, nullptr, filled};
+    }
+    if (auto recent = RecentGet(addr)) {
+      if (!filled) hits_++;
+      return BlockBytes{nullptr, recent, filled};
+    }
+    filled = true;
+    std::shared_ptr<Fill> fill;
+    bool leader = false;
+    {
+      std::lock_guard lock(inflight_mu_);
+      auto it = inflight_.find(addr);
+      if (it != inflight_.end()) {
+        fill = it->second;
+      } else {
+        fill = std::make_shared<Fill>();
+        inflight_.emplace(addr, fill);
+        leader = true;
+      }
+    }
+    if (leader) {
+      FillBlock(file, index, fill.get());
+      std::lock_guard lock(inflight_mu_);
+      inflight_.erase(addr);
+    } else {
+      std::unique_lock lock(fill->mu);
+      fill->cv.wait(lock, [&] { return fill->done; });
+    }
+    if (!fill->status.ok()) return fill->status;
+    if (!fill->cached) return BlockBytes{nullptr, fill->data, true};
+    // Cached: loop to pin it (it may be evicted in between; then we fill again).
+  }
+  return absl::UnavailableError(
+      absl::StrCat("block ", index, " of ", file.origin.path, " could not be read after retries"));
+}
+
+bool ReadPath::VerifyPinned(const BlockCache::Pin& pin) {
+  std::string buf(pin.length, '\0');
+  size_t done = 0;
+  while (done < pin.length) {
+    ssize_t n = pread(pin.fd, buf.data() + done, pin.length - done,
+                      static_cast<off_t>(pin.offset + done));
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (done == pin.length && BlockChecksum(buf.data(), buf.size()) == pin.checksum) return true;
+  // Concurrent readers of the same bad copy: the one that drops it counts and logs it.
+  if (cache_->Drop(pin.addr, pin.generation)) {
+    checksum_failures_++;
+    spdlog::error("cache: block {}/{}/{}/{} failed its checksum on disk; dropped, refetching",
+                  pin.addr.dataset_id, pin.addr.version, pin.addr.file_id, pin.addr.index);
+  }
+  return false;
+}
+
+void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill) {
+  const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
+  const uint64_t offset = index * file.block_size;
+  const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
+  misses_++;
+  auto data = std::make_shared<std::string>(len, '\0');
+  absl::Status st = origin_->Read(file.origin, offset, len, data->data());
+  bool cached = false;
+  if (st.ok()) {
+    origin_reads_++;
+    bytes_origin_ += len;
+    uint64_t sum = BlockChecksum(data->data(), len);
+    st = CheckAgainstMeta(addr, sum);
+    if (st.ok()) {
+      cached = cache_->Insert(addr, file.origin.size, offset, *data, sum) ==
+               BlockCache::InsertResult::kStored;
+    }
+  }
+  if (!st.ok()) {
+    spdlog::error("read: {} block {} of {}/{}: {}{}", file.dataset_name, index, file.origin.root,
+                  file.origin.path, std::string(st.message()),
+                  absl::IsFailedPrecondition(st)
+                      ? absl::StrCat("; run `ember dataset refresh ", file.dataset_name, "`")
+                      : "");
+  }
+  std::lock_guard lock(fill->mu);
+  fill->status = st;
+  fill->cached = cached;
+  if (st.ok() && !cached) {
+    RecentPut(addr, data);
+    fill->data = std::move(data);
+  }
+  fill->done = true;
+  fill->cv.notify_all();
+}
+
+absl::Status ReadPath::CheckAgainstMeta(const BlockAddr& addr, uint64_t checksum) {
+  if (meta_ == nullptr) return absl::OkStatus();
+  rpc::RecordChecksumsRequest req;
+  auto* c = req.add_checksums();
+  c->mutable_block()->set_dataset_id(addr.dataset_id);
+  c->mutable_block()->set_version(addr.version);
+  c->mutable_block()->set_file_id(addr.file_id);
+  c->mutable_block()->set_index(addr.index);
+  c->set_checksum(checksum);
+  auto r = meta_->RecordChecksums(req);
+  if (!r.ok()) {
+    // Meta is down: keep serving; the checksum is recorded when it returns.
+    if (!meta_down_logged_.exchange(true)) {
+      spdlog::warn("read: cannot record checksums in meta ({}); will retry",
+                   std::string(r.status().message()));
+    }
+    std::lock_guard lock(pending_mu_);
+    pending_checksums_.emplace_back(addr, checksum);
+    return absl::OkStatus();
+  }
+  meta_down_logged_ = false;
+  if (r->conflict_size() > 0 && r->conflict(0)) {
+    return absl::FailedPreconditionError(
+        "origin bytes differ from those first read for this dataset version (origin changed)");
+  }
+  return absl::OkStatus();
+}
+
+void ReadPath::FlushPendingChecksums() {
+  std::vector<std::pair<BlockAddr, uint64_t>> pending;
+  {
+    std::lock_guard lock(pending_mu_);
+    pending.swap(pending_checksums_);
+  }
+  if (pending.empty() || meta_ == nullptr) return;
+  rpc::RecordChecksumsRequest req;
+  for (const auto& [a, sum] : pending) {
+    auto* c = req.add_checksums();
+    c->mutable_block()->set_dataset_id(a.dataset_id);
+    c->mutable_block()->set_version(a.version);
+    c->mutable_block()->set_file_id(a.file_id);
+    c->mutable_block()->set_index(a.index);
+    c->set_checksum(sum);
+  }
+  auto r = meta_->RecordChecksums(req);
+  if (!r.ok()) {
+    std::lock_guard lock(pending_mu_);
+    pending_checksums_.insert(pending_checksums_.end(), pending.begin(), pending.end());
+    return;
+  }
+  for (int i = 0; i < r->conflict_size() && i < static_cast<int>(pending.size()); i++) {
+    if (r->conflict(i)) {
+      spdlog::error("read: block {}/{}/{}/{} filled while meta was away conflicts with meta's "
+                    "checksum; dropping it",
+                    pending[i].first.dataset_id, pending[i].first.version,
+                    pending[i].first.file_id, pending[i].first.index);
+      cache_->Drop(pending[i].first);
+    }
+  }
+}
+
+std::shared_ptr<const std::string> ReadPath::RecentGet(const BlockAddr& addr) {
+  std::lock_guard lock(recent_mu_);
+  for (auto it = recent_.begin(); it != recent_.end(); ++it) {
+    if (it->first == addr) {
+      recent_.splice(recent_.begin(), recent_, it);
+      return recent_.front().second;
+    }
+  }
+  return nullptr;
+}
+
+void ReadPath::RecentPut(const BlockAddr& addr, std::shared_ptr<const std::string> data) {
+  if (options_.passthrough_blocks == 0) return;
+  std::lock_guard lock(recent_mu_);
+  recent_.emplace_front(addr, std::move(data));
+  if (recent_.size() > options_.passthrough_blocks) recent_.pop_back();
+}
+
+void ReadPath::Readahead(const FileRef& file, uint64_t first, int count) {
+  const uint64_t blocks = (file.origin.size + file.block_size - 1) / file.block_size;
+  std::lock_guard lock(queue_mu_);
+  for (uint64_t i = first; i < first + count && i < blocks; i++) {
+    if (queue_.size() >= kMaxQueuedReadahead) break;
+    BlockAddr addr{file.dataset_id, file.version, file.file_id, i};
+    if (cache_->Resident(addr)) continue;
+    {
+      std::lock_guard inflight(inflight_mu_);
+      if (inflight_.count(addr)) continue;
+    }
+    queue_.emplace_back(file, i);
+  }
+  queue_cv_.notify_all();
+}
+
+void ReadPath::Worker() {
+  while (true) {
+    std::pair<FileRef, uint64_t> job;
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (cache_->Resident({job.first.dataset_id, job.first.version, job.first.file_id, job.second})) {
+      continue;
+    }
+    (void)GetBlock(job.first, job.second);
+  }
+}
+
+}  // namespace ember::cachefs

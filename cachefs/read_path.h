@@ -1,0 +1,128 @@
+// ReadPath: the hot path. Turns a byte range of a dataset file into cached block pins (served
+// by fd, zero-copy) or freshly filled bytes, filling misses exactly once however many readers
+// wait (single-flight), verifying every block, and reading ahead for sequential readers.
+//
+// For each block of a read:
+//   1. resident -> pin it; the first time this agent serves it, re-read and check its XXH3
+//      against the index (a mismatch drops the block and refills it; wrong bytes never go out);
+//   2. miss -> join the fill in flight for that block, or start one: read from the origin, check
+//      against meta's checksum for the block (record ours if we are first; a conflict means the
+//      origin changed since the version was taken -> EIO), store in the cache (if the policy
+//      admits it), and report it to meta through the cache's change log.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cachefs/block_cache.h"
+#include "cachefs/filesystem.h"
+#include "cachefs/origin.h"
+#include "meta/meta_client.h"
+
+namespace ember::cachefs {
+
+// A dataset file as the read path needs it.
+struct FileRef {
+  uint32_t dataset_id = 0;
+  uint32_t version = 0;
+  uint64_t file_id = 0;
+  uint64_t block_size = 0;
+  OriginFile origin;  // root, path, size, mtime
+  std::string dataset_name;
+};
+
+struct ReadStats {
+  uint64_t hits = 0;  // blocks
+  uint64_t misses = 0;
+  uint64_t bytes_from_cache = 0;
+  uint64_t bytes_from_peers = 0;
+  uint64_t bytes_from_origin = 0;
+  uint64_t origin_block_reads = 0;
+  uint64_t checksum_failures = 0;
+};
+
+class ReadPath {
+ public:
+  struct Options {
+    int readahead_blocks = 2;  // blocks filled ahead of a sequential reader
+    int fill_threads = 2;      // background fills (readahead)
+    // Blocks filled but not admitted to the cache (policy, full disk) stay in memory this long
+    // (in blocks), so the kernel's many small reads of one block fetch it from the origin once.
+    size_t passthrough_blocks = 2;
+  };
+  // meta may be null (unit tests): checksums are then only kept locally.
+  ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta, const Options& options);
+  ~ReadPath();
+
+  // Returns: the segments covering [offset, offset+size) clipped to the file size; NotFound /
+  // FailedPrecondition / Unavailable from the origin when a block cannot be had (as EIO).
+  absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size);
+  // Queues background fills of blocks [first, first+count) that are not resident.
+  void Readahead(const FileRef& file, uint64_t first, int count);
+
+  ReadStats GetStats() const;
+  // Checksums recorded locally while meta was unreachable; retried by the agent.
+  void FlushPendingChecksums();
+
+ private:
+  struct Fill {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    absl::Status status;
+    bool cached = false;
+    std::shared_ptr<const std::string> data;  // when not cached
+  };
+  struct BlockBytes {
+    BlockCache::PinPtr pin;                   // resident, or
+    std::shared_ptr<const std::string> data;  // served through
+    bool filled = false;                      // this read waited for a fill
+  };
+
+  absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index);
+  // Checks a pinned block's bytes once per agent lifetime. Returns false if they are wrong.
+  bool VerifyPinned(const BlockCache::Pin& pin);
+  void FillBlock(const FileRef& file, uint64_t index, Fill* fill);
+  absl::Status CheckAgainstMeta(const BlockAddr& addr, uint64_t checksum);
+  void Worker();
+
+  BlockCache* cache_;
+  Origin* origin_;
+  meta::MetaClient* meta_;
+  Options options_;
+
+  std::mutex inflight_mu_;
+  std::map<BlockAddr, std::shared_ptr<Fill>> inflight_;  // GUARDED_BY(inflight_mu_)
+
+  std::shared_ptr<const std::string> RecentGet(const BlockAddr& addr);
+  void RecentPut(const BlockAddr& addr, std::shared_ptr<const std::string> data);
+
+  std::mutex recent_mu_;
+  std::list<std::pair<BlockAddr, std::shared_ptr<const std::string>>> recent_;  // front = newest
+
+  std::mutex pending_mu_;
+  std::vector<std::pair<BlockAddr, uint64_t>> pending_checksums_;
+  std::atomic<bool> meta_down_logged_{false};
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::pair<FileRef, uint64_t>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+
+  std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_cache_{0}, bytes_origin_{0},
+      origin_reads_{0}, checksum_failures_{0};
+};
+
+}  // namespace ember::cachefs

@@ -1,0 +1,193 @@
+// `ember node` (one node agent against a meta service) and `ember up` (meta + node + mount in
+// one process: the whole system on one machine).
+#include <CLI/CLI.hpp>
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cachefs/node_agent.h"
+#include "common/units.h"
+#include "meta/meta_client.h"
+#include "meta/meta_server.h"
+#include "tools/cli.h"
+
+namespace ember::tools {
+namespace {
+
+struct NodeFlags {
+  std::string listen = "127.0.0.1:7371";
+  std::string cache_dir;
+  std::string cache_size;
+  std::string mount;
+  std::string node_id;
+  std::string labels;
+  uint32_t gpus = 0;
+  bool allow_other = false;
+  int readahead = 2;
+};
+
+void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
+  c->add_option("--mount", f->mount, "Directory to mount datasets at")->required();
+  c->add_option("--cache-dir", f->cache_dir, "Local directory for cached blocks");
+  c->add_option("--cache-size", f->cache_size, "Cache capacity, e.g. 100GiB");
+  c->add_option(for_up ? "--node-listen" : "--listen", f->listen,
+                "HOST:PORT peers reach this node on")
+      ->capture_default_str();
+  c->add_option("--node-id", f->node_id, "Node id (default: host name)");
+  c->add_option("--labels", f->labels, "Topology labels, e.g. rack=r1,switch=s1");
+  c->add_option("--gpus", f->gpus, "GPUs on this node (for the scheduler)");
+  c->add_flag("--allow-other", f->allow_other, "Let other users read the mount");
+  c->add_option("--readahead", f->readahead, "Blocks to read ahead of a sequential reader")
+      ->capture_default_str();
+}
+
+cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_address,
+                                   uint64_t default_cache) {
+  cachefs::NodeOptions o;
+  o.meta_address = meta_address;
+  if (auto s = ValidateHostPort("--listen", f.listen); !s.ok()) Fail(s);
+  o.listen = f.listen;
+  o.node_id = f.node_id;
+  o.gpus = f.gpus;
+  o.cache_dir = f.cache_dir;
+  o.mountpoint = f.mount;
+  o.mount.allow_other = f.allow_other;
+  o.readahead_blocks = f.readahead;
+  if (f.cache_size.empty()) {
+    if (default_cache == 0) Fail("--cache-size is required");
+    o.cache_bytes = default_cache;
+  } else {
+    auto size = ParseSize(f.cache_size);
+    if (!size.ok()) Fail(size.status());
+    if (*size == 0) Fail("--cache-size must be larger than 0");
+    o.cache_bytes = *size;
+  }
+  if (!f.labels.empty()) {
+    for (const std::string& part : std::vector<std::string>(
+             absl::StrSplit(f.labels, ',', absl::SkipEmpty()))) {
+      size_t eq = part.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        Fail(absl::StrCat("--labels: '", part, "' is not KEY=VALUE"));
+      }
+      o.labels[part.substr(0, eq)] = part.substr(eq + 1);
+    }
+  }
+  return o;
+}
+
+// Runs an agent until SIGINT/SIGTERM; `also_stop` runs on the signal too.
+void RunAgent(const cachefs::NodeOptions& options, const std::function<void()>& also_stop) {
+  auto agent = cachefs::NodeAgent::Start(options);
+  if (!agent.ok()) {
+    if (also_stop) also_stop();
+    Fail(agent.status());
+  }
+  std::thread waiter([&] {
+    int sig = WaitForTerminationSignal();
+    if (sig > 0) spdlog::info("node: signal {}, unmounting", sig);
+    (*agent)->Stop();
+    if (also_stop) also_stop();
+  });
+  (*agent)->Run();
+  // The mount may also end from outside (fusermount -u): wake the waiter then.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+}
+
+std::string DefaultDataDir() {
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) return absl::StrCat(x, "/ember");
+  if (const char* h = std::getenv("HOME"); h && *h) {
+    return absl::StrCat(h, "/.local/share/ember");
+  }
+  return "/var/tmp/ember";
+}
+
+}  // namespace
+
+void AddNodeCommands(CLI::App& app) {
+  {
+    auto* c = app.add_subcommand("node", "Run a node agent: block cache + FUSE mount");
+    auto f = std::make_shared<NodeFlags>();
+    auto meta_flag = std::make_shared<std::string>();
+    c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+    AddNodeFlags(c, f.get(), false);
+    c->callback([=] {
+      if (f->cache_dir.empty()) Fail("--cache-dir is required");
+      auto o = ToNodeOptions(*f, meta::ResolveMetaAddress(*meta_flag), 0);
+      BlockTerminationSignals();
+      RunAgent(o, {});
+    });
+  }
+  {
+    auto* c = app.add_subcommand(
+        "up", "Run meta, a node agent and the mount in one process (one-machine Ember)");
+    auto f = std::make_shared<NodeFlags>();
+    auto datasets = std::make_shared<std::vector<std::string>>();
+    auto data_dir = std::make_shared<std::string>();
+    auto listen = std::make_shared<std::string>(meta::kDefaultMetaAddress);
+    AddNodeFlags(c, f.get(), true);
+    c->add_option("--dataset", *datasets, "NAME=ORIGIN to add if missing (repeatable)");
+    c->add_option("--data-dir", *data_dir, "Where meta and the cache live (default "
+                                           "~/.local/share/ember)");
+    c->add_option("--listen", *listen, "HOST:PORT meta serves on")->capture_default_str();
+    c->callback([=] {
+      std::string dir = data_dir->empty() ? DefaultDataDir() : *data_dir;
+      if (f->cache_dir.empty()) f->cache_dir = dir + "/cache";
+      std::error_code ec;
+      std::filesystem::create_directories(f->mount, ec);
+      std::filesystem::create_directories(f->cache_dir, ec);
+      // Default capacity: 10 GiB, or 80% of the cache disk's free space if that is less.
+      uint64_t default_cache = 10ull << 30;
+      struct statvfs vfs;
+      if (statvfs(f->cache_dir.c_str(), &vfs) == 0) {
+        uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+        default_cache = std::max<uint64_t>(64ull << 20, std::min(default_cache, free_bytes / 5 * 4));
+      }
+      if (auto s = ValidateHostPort("--listen", *listen); !s.ok()) Fail(s);
+      auto o = ToNodeOptions(*f, *listen, default_cache);
+      if (o.node_id.empty()) o.node_id = "local";
+      BlockTerminationSignals();
+      meta::MetaOptions mo;
+      mo.listen = *listen;
+      mo.data_dir = dir + "/meta";
+      auto server = meta::MetaServer::Start(mo);
+      if (!server.ok()) Fail(server.status());
+      meta::MetaClient client(*listen);
+      for (const std::string& spec : *datasets) {
+        size_t eq = spec.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          (*server)->Shutdown();
+          Fail(absl::StrCat("--dataset '", spec, "' must be NAME=ORIGIN"));
+        }
+        std::string name = spec.substr(0, eq), origin = spec.substr(eq + 1);
+        auto existing = client.GetDataset(name);
+        if (existing.ok()) continue;
+        Progress p("scanning " + origin);
+        auto r = client.AddDataset(name, origin, 0, [&](const rpc::DatasetProgress& m) {
+          if (!m.done()) p.Update(m.entries_scanned(), "entries");
+        });
+        p.Finish("");
+        if (!r.ok()) {
+          (*server)->Shutdown();
+          Fail(r.status());
+        }
+        spdlog::info("up: dataset {} from {} ({} entries)", name, origin, r->entries_scanned());
+      }
+      std::printf("ember up: meta on %s, datasets mounted at %s (Ctrl-C to stop)\n",
+                  listen->c_str(), f->mount.c_str());
+      std::fflush(stdout);
+      RunAgent(o, [&] { (*server)->Shutdown(); });
+    });
+  }
+}
+
+}  // namespace ember::tools
