@@ -159,6 +159,7 @@ void AddNodeCommands(CLI::App& app) {
       meta::MetaOptions mo;
       mo.listen = *listen;
       mo.data_dir = dir + "/meta";
+      mo.lease = std::chrono::seconds(3);  // one machine: heartbeats every second
       auto server = meta::MetaServer::Start(mo);
       if (!server.ok()) Fail(server.status());
       meta::MetaClient client(*listen);

@@ -1,0 +1,147 @@
+// read_bench: times read patterns over files, for tools/bench.sh. Not a test.
+//
+//   read_bench seq FILE drop|keep              1 MiB sequential reads of FILE; prints MiB/s
+//   read_bench small LIST WORKERS SEED drop|keep
+//                                              open-read-close every path in LIST (one per line)
+//                                              in random order with WORKERS threads; prints files/s
+//   read_bench drop PATH...                    drops the page cache of files (dirs recursively)
+//   read_bench gen FILE SIZE SEED              writes SIZE pseudo-random bytes to FILE
+//
+// With `drop`, the page cache of the files is dropped first (not timed), so a FUSE mount's
+// daemon is measured rather than the kernel's cache of the mount; `keep` measures warm files.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+void Drop(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+}
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int Gen(const std::string& file, uint64_t size, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> buf(1 << 17);
+  FILE* f = std::fopen(file.c_str(), "wb");
+  if (f == nullptr) {
+    std::perror(file.c_str());
+    return 1;
+  }
+  while (size > 0) {
+    for (auto& v : buf) v = rng();
+    size_t n = std::min<uint64_t>(size, buf.size() * 8);
+    std::fwrite(buf.data(), 1, n, f);
+    size -= n;
+  }
+  std::fclose(f);
+  return 0;
+}
+
+int Seq(const std::string& file, bool drop) {
+  if (drop) Drop(file);
+  std::vector<char> buf(1 << 20);
+  int fd = open(file.c_str(), O_RDONLY);
+  if (fd < 0) {
+    std::perror(file.c_str());
+    return 1;
+  }
+  auto start = std::chrono::steady_clock::now();
+  uint64_t total = 0;
+  ssize_t n;
+  while ((n = read(fd, buf.data(), buf.size())) > 0) total += static_cast<uint64_t>(n);
+  double s = Seconds(start);
+  close(fd);
+  if (n < 0) {
+    std::perror("read");
+    return 1;
+  }
+  std::printf("%.1f\n", total / 1048576.0 / s);
+  return 0;
+}
+
+int Small(const std::string& list, int workers, unsigned seed, bool drop) {
+  std::vector<std::string> paths;
+  std::ifstream in(list);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) paths.push_back(line);
+  }
+  if (drop) {
+    for (const auto& p : paths) Drop(p);
+  }
+  std::shuffle(paths.begin(), paths.end(), std::mt19937(seed));
+  std::atomic<size_t> next{0};
+  std::atomic<int> errors{0};
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; w++) {
+    threads.emplace_back([&] {
+      std::vector<char> buf(256 << 10);
+      for (size_t i; (i = next++) < paths.size();) {
+        int fd = open(paths[i].c_str(), O_RDONLY);
+        if (fd < 0) {
+          errors++;
+          continue;
+        }
+        while (read(fd, buf.data(), buf.size()) > 0) {
+        }
+        close(fd);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  double s = Seconds(start);
+  if (errors > 0) {
+    std::fprintf(stderr, "%d files could not be opened\n", errors.load());
+    return 1;
+  }
+  std::printf("%.0f\n", paths.size() / s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "seq" && argc == 4) return Seq(argv[2], std::string(argv[3]) == "drop");
+  if (mode == "small" && argc == 6) {
+    return Small(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::string(argv[5]) == "drop");
+  }
+  if (mode == "gen" && argc == 5) {
+    return Gen(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
+  }
+  if (mode == "drop" && argc >= 3) {
+    for (int i = 2; i < argc; i++) {
+      if (std::filesystem::is_directory(argv[i])) {
+        for (auto& e : std::filesystem::recursive_directory_iterator(argv[i])) {
+          if (e.is_regular_file()) Drop(e.path());
+        }
+      } else {
+        Drop(argv[i]);
+      }
+    }
+    return 0;
+  }
+  std::fprintf(stderr,
+               "usage: read_bench seq FILE drop|keep | small LIST WORKERS SEED drop|keep | "
+               "drop PATH... | gen FILE SIZE SEED\n");
+  return 2;
+}
