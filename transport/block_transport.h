@@ -1,0 +1,99 @@
+// transport/: moving blocks between nodes. This is the front door other folders include.
+//
+// A node runs a BlockServer that sends resident blocks to peers, and fetches blocks from peers
+// through a BlockTransport. Two implementations share one protocol (wire.h): TCP (the server
+// sends straight from the cache file with sendfile, the client receives straight into the
+// caller's buffer) and RDMA (libibverbs RC queue pairs set up over the TCP channel; the server
+// RDMA-WRITEs the block into the client's registered buffer). SelectTransport picks one at start.
+//
+// transport/ knows blocks and peers, never files: a BlockSource hands it an fd and an offset.
+// Everything here is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/ids.h"
+
+namespace ember::transport {
+
+// What a server needs from the node's cache.
+class BlockSource {
+ public:
+  struct Block {
+    int fd = -1;               // readable; the block's bytes are at [offset, offset+length)
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    uint64_t checksum = 0;     // XXH3-64 of the whole block
+    std::shared_ptr<const void> hold;  // keeps fd and bytes valid until released
+  };
+  virtual ~BlockSource() = default;
+  // nullopt when the block is not resident.
+  virtual std::optional<Block> Get(const BlockAddr& addr) = 0;
+};
+
+struct TransportOptions {
+  std::string token;  // the cluster token both ends must know
+  std::chrono::milliseconds connect_timeout{1000};
+  std::chrono::milliseconds io_timeout{5000};  // no progress this long on a read or write: fail
+  size_t max_idle_per_peer = 4;                // pooled connections kept per peer
+  size_t max_connections = 256;                // server side
+  bool serve_rdma = true;                      // server side: accept RDMA queue pairs if able
+};
+
+struct FetchInfo {
+  uint64_t block_checksum = 0;  // the server's checksum of the whole block
+  uint32_t block_length = 0;
+};
+
+class BlockTransport {
+ public:
+  virtual ~BlockTransport() = default;
+  virtual const char* name() const = 0;
+  // Reads [offset, offset+length) of block `addr` from `peer` ("HOST:PORT") into buf.
+  // Returns: Ok; NotFound (the peer does not hold it); PermissionDenied (token refused);
+  // Unavailable (connect, I/O, timeout, peer busy); DataLoss (a malformed or short answer).
+  // Never waits longer than the connect timeout plus the I/O timeout per step.
+  virtual absl::Status Fetch(const std::string& peer, const BlockAddr& addr, uint64_t offset,
+                             uint32_t length, char* buf, FetchInfo* info) = 0;
+};
+
+class BlockServer {
+ public:
+  struct Stats {
+    uint64_t requests = 0;
+    uint64_t bytes = 0;
+    uint64_t not_found = 0;
+    uint64_t refused = 0;     // failed the token challenge
+    uint64_t bad_frames = 0;  // malformed input; the connection was closed
+  };
+  virtual ~BlockServer() = default;
+  virtual int port() const = 0;
+  virtual Stats GetStats() = 0;
+  // Stops accepting and closes every connection. Idempotent.
+  virtual void Stop() = 0;
+};
+
+// Serves blocks from `source` on `listen` ("HOST:PORT", port 0 picks one). The source must
+// outlive the server. Returns: Unavailable when the address cannot be bound.
+absl::StatusOr<std::unique_ptr<BlockServer>> StartBlockServer(const std::string& listen,
+                                                              BlockSource* source,
+                                                              const TransportOptions& options);
+
+std::unique_ptr<BlockTransport> NewTcpTransport(const TransportOptions& options);
+
+enum class TransportMode { kAuto, kTcp, kRdma };
+// "auto", "tcp" or "rdma". Returns: InvalidArgument otherwise.
+absl::StatusOr<TransportMode> ParseTransportMode(const std::string& text);
+
+// Picks the client transport: RDMA when asked for (error if impossible) or, with auto, when a
+// verbs device has an active port; TCP otherwise. `why` gets one line saying which and why.
+absl::StatusOr<std::unique_ptr<BlockTransport>> SelectTransport(TransportMode mode,
+                                                                const TransportOptions& options,
+                                                                std::string* why);
+
+}  // namespace ember::transport

@@ -1,0 +1,30 @@
+// Small blocking-socket helpers with timeouts, for the TCP transport. Internal to transport/.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ember::transport {
+
+// Splits "HOST:PORT". Returns: InvalidArgument.
+absl::Status SplitHostPort(const std::string& hp, std::string* host, int* port);
+// Connects within `timeout`; the socket gets SO_RCVTIMEO/SO_SNDTIMEO = io_timeout and
+// TCP_NODELAY. Returns the fd, or Unavailable naming the peer.
+absl::StatusOr<int> ConnectTcp(const std::string& host_port, std::chrono::milliseconds timeout,
+                               std::chrono::milliseconds io_timeout);
+// Binds and listens. Returns the fd (and the bound port), or Unavailable.
+absl::StatusOr<int> ListenTcp(const std::string& host_port, int* bound_port);
+void SetIoTimeout(int fd, std::chrono::milliseconds t);
+// Reads/writes exactly n bytes (the socket's timeouts apply). Unavailable on EOF, error or
+// timeout.
+absl::Status ReadFull(int fd, void* buf, size_t n);
+absl::Status WriteFull(int fd, const void* buf, size_t n);
+// Sends n bytes of file `in_fd` from `offset` with sendfile (no user-space copy).
+absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n);
+// Waits until fd is readable; false on timeout.
+bool WaitReadable(int fd, std::chrono::milliseconds timeout);
+
+}  // namespace ember::transport

@@ -1,0 +1,412 @@
+// The TCP transport: a block server (one thread per connection, sendfile from the cache file) and
+// a client with pooled, authenticated connections that receives straight into the caller's buffer.
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "transport/block_transport.h"
+#include "transport/rdma.h"
+#include "transport/socket_util.h"
+#include "transport/wire.h"
+
+namespace ember::transport {
+namespace {
+
+constexpr auto kIdleTimeout = std::chrono::minutes(5);
+
+absl::Status FromWire(WireStatus s, const std::string& peer) {
+  std::string msg = absl::StrCat("peer ", peer, ": ", WireStatusName(s));
+  switch (s) {
+    case WireStatus::kOk:
+      return absl::OkStatus();
+    case WireStatus::kNotFound:
+      return absl::NotFoundError(msg);
+    case WireStatus::kUnauthorized:
+      return absl::PermissionDeniedError(msg + " (cluster token refused)");
+    case WireStatus::kBadRequest:
+      return absl::InvalidArgumentError(msg);
+    case WireStatus::kBusy:
+    case WireStatus::kInternal:
+    case WireStatus::kUnsupported:
+      return absl::UnavailableError(msg);
+  }
+  return absl::UnavailableError(msg);
+}
+
+class TcpServer final : public BlockServer {
+ public:
+  TcpServer(int listen_fd, int port, BlockSource* source, const TransportOptions& options,
+            std::optional<RdmaDeviceInfo> rdma_device)
+      : listen_fd_(listen_fd),
+        port_(port),
+        source_(source),
+        options_(options),
+        rdma_device_(std::move(rdma_device)) {
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~TcpServer() override { Stop(); }
+
+  int port() const override { return port_; }
+
+  Stats GetStats() override {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+  void Stop() override {
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      for (int fd : conns_) shutdown(fd, SHUT_RDWR);
+    }
+    shutdown(listen_fd_, SHUT_RDWR);
+    acceptor_.join();
+    close(listen_fd_);
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard lock(mu_);
+      threads.swap(threads_);
+    }
+    for (auto& t : threads) t.join();
+  }
+
+ private:
+  void AcceptLoop() {
+    while (true) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // shut down
+      }
+      std::lock_guard lock(mu_);
+      if (stopped_) {
+        close(fd);
+        return;
+      }
+      if (conns_.size() >= options_.max_connections) {
+        // Refuse politely: the client sees Busy instead of a hang.
+        SetIoTimeout(fd, std::chrono::milliseconds(200));
+        Hello h;
+        std::string f = EncodeHello(h);
+        (void)WriteFull(fd, f.data(), f.size());
+        Response r;
+        r.status = WireStatus::kBusy;
+        std::string rf = EncodeResponse(r);
+        (void)WriteFull(fd, rf.data(), rf.size());
+        close(fd);
+        continue;
+      }
+      conns_.insert(fd);
+      // Join connection threads that have finished, so their stacks do not pile up.
+      for (auto it = threads_.begin(); it != threads_.end();) {
+        if (finished_.count(it->get_id())) {
+          finished_.erase(it->get_id());
+          it->join();
+          it = threads_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      threads_.emplace_back([this, fd] {
+        Serve(fd);
+        std::lock_guard l(mu_);
+        conns_.erase(fd);
+        close(fd);
+        finished_.insert(std::this_thread::get_id());
+      });
+    }
+  }
+
+  void Count(uint64_t Stats::*field, uint64_t n = 1) {
+    std::lock_guard lock(mu_);
+    stats_.*field += n;
+  }
+
+  void Serve(int fd) {
+    SetIoTimeout(fd, options_.io_timeout);
+    Hello hello;
+    hello.nonce = RandomNonce();
+    std::string hf = EncodeHello(hello);
+    if (!WriteFull(fd, hf.data(), hf.size()).ok()) return;
+    std::string buf(kAuthSize, '\0');
+    if (!ReadFull(fd, buf.data(), buf.size()).ok()) return;
+    auto auth = DecodeAuth(buf);
+    AuthReply reply;
+    if (!auth) {
+      Count(&Stats::bad_frames);
+      return;
+    }
+    if (!MacEqual(auth->mac, TokenMac(options_.token, hello.nonce))) {
+      Count(&Stats::refused);
+      spdlog::warn("peer server: refused a connection with a wrong cluster token");
+      reply.status = WireStatus::kUnauthorized;
+    }
+    std::string rf = EncodeAuthReply(reply);
+    if (!WriteFull(fd, rf.data(), rf.size()).ok() || reply.status != WireStatus::kOk) return;
+
+    std::unique_ptr<RdmaEndpoint> rdma;  // set once the client connects a queue pair
+    while (true) {
+      if (!WaitReadable(fd, kIdleTimeout)) return;
+      std::string frame(kHeaderSize, '\0');
+      if (!ReadFull(fd, frame.data(), frame.size()).ok()) return;
+      size_t size = ClientFrameSize(frame);
+      FrameType type = static_cast<FrameType>(static_cast<uint8_t>(frame[6]) |
+                                              (static_cast<uint8_t>(frame[7]) << 8));
+      if (size == 0 || type == FrameType::kAuth) {
+        BadFrame(fd);
+        return;
+      }
+      frame.resize(size);
+      if (!ReadFull(fd, frame.data() + kHeaderSize, size - kHeaderSize).ok()) return;
+      if (type == FrameType::kQpInfo) {
+        if (!ServeQpInfo(fd, frame, &rdma)) return;
+        continue;
+      }
+      auto q = DecodeRequest(frame);
+      if (!q) {
+        BadFrame(fd);
+        return;
+      }
+      if (!ServeRequest(fd, *q, rdma.get())) return;
+    }
+  }
+
+  // Garbage: say so once, then drop the connection (framing can no longer be trusted).
+  void BadFrame(int fd) {
+    Count(&Stats::bad_frames);
+    Response resp;
+    resp.status = WireStatus::kBadRequest;
+    std::string f = EncodeResponse(resp);
+    (void)WriteFull(fd, f.data(), f.size());
+  }
+
+  bool ServeQpInfo(int fd, const std::string& frame, std::unique_ptr<RdmaEndpoint>* rdma) {
+    auto remote = DecodeQpInfo(frame);
+    if (!remote) {
+      BadFrame(fd);
+      return false;
+    }
+    absl::Status st = absl::UnavailableError("no RDMA device on this node");
+    if (rdma_device_) {
+      auto ep = RdmaEndpoint::Create(*rdma_device_, kMaxLength);
+      st = ep.ok() ? (*ep)->Connect(*remote) : ep.status();
+      if (st.ok()) {
+        *rdma = std::move(*ep);
+        std::string mine = EncodeQpInfo((*rdma)->local());
+        return WriteFull(fd, mine.data(), mine.size()).ok();
+      }
+    }
+    spdlog::warn("peer server: RDMA setup refused: {}", std::string(st.message()));
+    Response resp;
+    resp.status = WireStatus::kUnsupported;
+    std::string f = EncodeResponse(resp);
+    (void)WriteFull(fd, f.data(), f.size());
+    return false;
+  }
+
+  bool ServeRequest(int fd, const Request& q, RdmaEndpoint* rdma) {
+    Response resp;
+    resp.request_id = q.request_id;
+    Count(&Stats::requests);
+    auto block = source_->Get(q.addr);
+    bool via_rdma = q.rkey != 0;
+    if (!block) {
+      Count(&Stats::not_found);
+      resp.status = WireStatus::kNotFound;
+    } else if (q.offset + q.length > block->length) {
+      resp.status = WireStatus::kBadRequest;
+    } else if (via_rdma && rdma == nullptr) {
+      resp.status = WireStatus::kUnsupported;
+    } else {
+      resp.block_checksum = block->checksum;
+      resp.block_length = block->length;
+      resp.length = q.length;
+    }
+    if (resp.status == WireStatus::kOk && via_rdma) {
+      // Read into the registered buffer, write it into the client's, then answer over TCP.
+      ssize_t n = pread(block->fd, rdma->buffer(), q.length,
+                        static_cast<off_t>(block->offset + q.offset));
+      absl::Status st = n == static_cast<ssize_t>(q.length)
+                            ? rdma->WriteTo(q.length, q.remote_addr, q.rkey, options_.io_timeout)
+                            : absl::DataLossError("short read of the block file");
+      if (!st.ok()) {
+        resp.status = WireStatus::kInternal;
+        resp.length = 0;
+      }
+    }
+    std::string f = EncodeResponse(resp);
+    if (!WriteFull(fd, f.data(), f.size()).ok()) return false;
+    if (resp.status == WireStatus::kOk && resp.length > 0) {
+      if (!via_rdma) {
+        // The client sees a short read if this fails, and moves on.
+        if (!SendFileFull(fd, block->fd, block->offset + q.offset, resp.length).ok()) return false;
+      }
+      Count(&Stats::bytes, resp.length);
+    }
+    return true;
+  }
+
+  int listen_fd_;
+  int port_;
+  BlockSource* source_;
+  TransportOptions options_;
+  std::optional<RdmaDeviceInfo> rdma_device_;
+  std::thread acceptor_;
+  std::mutex mu_;
+  bool stopped_ = false;
+  std::set<int> conns_;
+  std::vector<std::thread> threads_;
+  std::set<std::thread::id> finished_;
+  Stats stats_;
+};
+
+class TcpTransport final : public BlockTransport {
+ public:
+  explicit TcpTransport(const TransportOptions& options) : options_(options) {}
+  ~TcpTransport() override {
+    for (auto& [peer, fds] : idle_) {
+      for (int fd : fds) close(fd);
+    }
+  }
+
+  const char* name() const override { return "tcp"; }
+
+  absl::Status Fetch(const std::string& peer, const BlockAddr& addr, uint64_t offset,
+                     uint32_t length, char* buf, FetchInfo* info) override {
+    if (length > kMaxLength) return absl::InvalidArgumentError("length over the limit");
+    for (int attempt = 0; attempt < 2; attempt++) {
+      bool pooled = false;
+      auto fd = Get(peer, &pooled);
+      if (!fd.ok()) return fd.status();
+      absl::Status s = FetchOn(*fd, peer, addr, offset, length, buf, info);
+      if (s.ok() || absl::IsNotFound(s) || absl::IsInvalidArgument(s)) {
+        Put(peer, *fd);  // the connection is still in step
+        return s;
+      }
+      close(*fd);
+      // A pooled connection the peer closed while idle: try once more on a fresh one.
+      if (!pooled || !absl::IsUnavailable(s)) return s;
+    }
+    return absl::UnavailableError(absl::StrCat("peer ", peer, ": connection lost"));
+  }
+
+ private:
+  absl::StatusOr<int> Get(const std::string& peer, bool* pooled) {
+    {
+      std::lock_guard lock(mu_);
+      auto& v = idle_[peer];
+      if (!v.empty()) {
+        int fd = v.back();
+        v.pop_back();
+        *pooled = true;
+        return fd;
+      }
+    }
+    auto fd = ConnectTcp(peer, options_.connect_timeout, options_.io_timeout);
+    if (!fd.ok()) return fd.status();
+    absl::Status s = Handshake(*fd, peer);
+    if (!s.ok()) {
+      close(*fd);
+      return s;
+    }
+    return fd;
+  }
+
+  void Put(const std::string& peer, int fd) {
+    std::lock_guard lock(mu_);
+    auto& v = idle_[peer];
+    if (v.size() < options_.max_idle_per_peer) {
+      v.push_back(fd);
+    } else {
+      close(fd);
+    }
+  }
+
+  absl::Status Handshake(int fd, const std::string& peer) {
+    std::string hf(kHelloSize, '\0');
+    absl::Status s = ReadFull(fd, hf.data(), hf.size());
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+    auto hello = DecodeHello(hf);
+    if (!hello) return absl::DataLossError(absl::StrCat("peer ", peer, ": bad hello"));
+    Auth auth;
+    auth.mac = TokenMac(options_.token, hello->nonce);
+    std::string af = EncodeAuth(auth);
+    s = WriteFull(fd, af.data(), af.size());
+    std::string rf(kAuthReplySize, '\0');
+    if (s.ok()) s = ReadFull(fd, rf.data(), rf.size());
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+    auto reply = DecodeAuthReply(rf);
+    if (!reply) return absl::DataLossError(absl::StrCat("peer ", peer, ": bad auth reply"));
+    return FromWire(reply->status, peer);
+  }
+
+  absl::Status FetchOn(int fd, const std::string& peer, const BlockAddr& addr, uint64_t offset,
+                       uint32_t length, char* buf, FetchInfo* info) {
+    Request q;
+    q.request_id = next_id_++;
+    q.addr = addr;
+    q.id = MakeBlockId(addr);
+    q.offset = offset;
+    q.length = length;
+    std::string qf = EncodeRequest(q);
+    absl::Status s = WriteFull(fd, qf.data(), qf.size());
+    std::string pf(kResponseSize, '\0');
+    if (s.ok()) s = ReadFull(fd, pf.data(), pf.size());
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+    auto resp = DecodeResponse(pf);
+    if (!resp || resp->request_id != q.request_id) {
+      return absl::DataLossError(absl::StrCat("peer ", peer, ": malformed response"));
+    }
+    if (resp->status != WireStatus::kOk) return FromWire(resp->status, peer);
+    if (resp->length != length) {
+      return absl::DataLossError(absl::StrCat("peer ", peer, ": answered ", resp->length,
+                                              " bytes for ", length));
+    }
+    s = ReadFull(fd, buf, length);  // straight into the caller's buffer
+    if (!s.ok()) {
+      return absl::UnavailableError(absl::StrCat("peer ", peer, ": short block: ", s.message()));
+    }
+    if (info != nullptr) {
+      info->block_checksum = resp->block_checksum;
+      info->block_length = resp->block_length;
+    }
+    return absl::OkStatus();
+  }
+
+  TransportOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::vector<int>> idle_;
+  std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BlockServer>> StartBlockServer(const std::string& listen,
+                                                              BlockSource* source,
+                                                              const TransportOptions& options) {
+  int port = 0;
+  auto fd = ListenTcp(listen, &port);
+  if (!fd.ok()) return fd.status();
+  // Peers may ask for RDMA; answer them when this node has an active device.
+  std::optional<RdmaDeviceInfo> device;
+  if (options.serve_rdma) {
+    std::string error, why;
+    device = ChooseRdmaDevice(ProbeRdmaDevices(&error), &why);
+  }
+  return std::unique_ptr<BlockServer>(new TcpServer(*fd, port, source, options, device));
+}
+
+std::unique_ptr<BlockTransport> NewTcpTransport(const TransportOptions& options) {
+  return std::make_unique<TcpTransport>(options);
+}
+
+}  // namespace ember::transport

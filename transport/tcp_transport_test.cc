@@ -1,0 +1,205 @@
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/testing.h"
+#include "transport/block_transport.h"
+#include "transport/socket_util.h"
+#include "transport/wire.h"
+
+namespace ember::transport {
+namespace {
+
+// Blocks stored in one file, like a cache file.
+class FileSource : public BlockSource {
+ public:
+  explicit FileSource(const std::string& path) : fd_(open(path.c_str(), O_RDONLY)) {}
+  ~FileSource() override { close(fd_); }
+  void Add(const BlockAddr& a, uint64_t offset, uint32_t length, uint64_t checksum) {
+    blocks_[a] = {fd_, offset, length, checksum, nullptr};
+  }
+  std::optional<Block> Get(const BlockAddr& a) override {
+    auto it = blocks_.find(a);
+    if (it == blocks_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  int fd_;
+  std::map<BlockAddr, Block> blocks_;
+};
+
+class TcpTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_.resize(3 << 20);
+    for (size_t i = 0; i < data_.size(); i++) data_[i] = static_cast<char>(i * 31 + i / 4099);
+    testing::WriteFile(dir_.Sub("cache"), data_);
+    source_ = std::make_unique<FileSource>(dir_.Sub("cache"));
+    source_->Add({1, 1, 5, 0}, 0, 1 << 20, BlockChecksum(data_.data(), 1 << 20));
+    source_->Add({1, 1, 5, 1}, 1 << 20, 2 << 20, BlockChecksum(data_.data() + (1 << 20), 2 << 20));
+    options_.token = "cluster-secret";
+    options_.io_timeout = std::chrono::milliseconds(800);
+    auto server = StartBlockServer("127.0.0.1:0", source_.get(), options_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    peer_ = absl::StrCat("127.0.0.1:", server_->port());
+  }
+
+  // A raw, authenticated connection to the server for sending arbitrary bytes.
+  int RawConnection(const std::string& token) {
+    auto fd = ConnectTcp(peer_, std::chrono::seconds(1), std::chrono::seconds(2));
+    EXPECT_TRUE(fd.ok());
+    std::string hello(kHelloSize, '\0');
+    EXPECT_TRUE(ReadFull(*fd, hello.data(), hello.size()).ok());
+    Auth a;
+    a.mac = TokenMac(token, DecodeHello(hello)->nonce);
+    std::string af = EncodeAuth(a);
+    EXPECT_TRUE(WriteFull(*fd, af.data(), af.size()).ok());
+    std::string reply(kAuthReplySize, '\0');
+    EXPECT_TRUE(ReadFull(*fd, reply.data(), reply.size()).ok());
+    return *fd;
+  }
+
+  void ExpectServerStillServes() {
+    auto client = NewTcpTransport(options_);
+    std::string buf(1 << 20, '\0');
+    EXPECT_TRUE(client->Fetch(peer_, {1, 1, 5, 0}, 0, 1 << 20, buf.data(), nullptr).ok());
+    EXPECT_TRUE(buf == data_.substr(0, 1 << 20));
+  }
+
+  testing::TempDir dir_;
+  std::string data_;
+  std::unique_ptr<FileSource> source_;
+  TransportOptions options_;
+  std::unique_ptr<BlockServer> server_;
+  std::string peer_;
+};
+
+TEST_F(TcpTransportTest, FetchesWholeAndPartialBlocks) {
+  auto client = NewTcpTransport(options_);
+  std::string buf(2 << 20, '\0');
+  FetchInfo info;
+  ASSERT_TRUE(client->Fetch(peer_, {1, 1, 5, 1}, 0, 2 << 20, buf.data(), &info).ok());
+  EXPECT_TRUE(buf == data_.substr(1 << 20, 2 << 20));
+  EXPECT_EQ(info.block_length, 2u << 20);
+  EXPECT_EQ(info.block_checksum, BlockChecksum(buf.data(), buf.size()));
+  // A range inside a block, on the pooled connection.
+  std::string part(1000, '\0');
+  ASSERT_TRUE(client->Fetch(peer_, {1, 1, 5, 1}, 12345, 1000, part.data(), nullptr).ok());
+  EXPECT_TRUE(part == data_.substr((1 << 20) + 12345, 1000));
+  EXPECT_EQ(server_->GetStats().requests, 2u);
+  EXPECT_EQ(server_->GetStats().bytes, (2u << 20) + 1000);
+}
+
+TEST_F(TcpTransportTest, CleanErrors) {
+  auto client = NewTcpTransport(options_);
+  std::string buf(4 << 20, '\0');
+  // Unknown block.
+  EXPECT_EQ(client->Fetch(peer_, {9, 9, 9, 9}, 0, 10, buf.data(), nullptr).code(),
+            absl::StatusCode::kNotFound);
+  // Past the end of the block.
+  EXPECT_EQ(client->Fetch(peer_, {1, 1, 5, 0}, 0, 2 << 20, buf.data(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Wrong token.
+  TransportOptions wrong = options_;
+  wrong.token = "guess";
+  EXPECT_EQ(NewTcpTransport(wrong)->Fetch(peer_, {1, 1, 5, 0}, 0, 10, buf.data(), nullptr).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(server_->GetStats().refused, 1u);
+  // Nobody listening.
+  EXPECT_EQ(client->Fetch(absl::StrCat("127.0.0.1:", testing::FreePort()), {1, 1, 5, 0}, 0, 10,
+                          buf.data(), nullptr)
+                .code(),
+            absl::StatusCode::kUnavailable);
+  ExpectServerStillServes();
+}
+
+TEST_F(TcpTransportTest, GarbageFromAPeerIsRefusedAndServingGoesOn) {
+  // Bad magic.
+  int fd = RawConnection(options_.token);
+  std::string junk(kRequestSize, 'Z');
+  ASSERT_TRUE(WriteFull(fd, junk.data(), junk.size()).ok());
+  std::string resp(kResponseSize, '\0');
+  ASSERT_TRUE(ReadFull(fd, resp.data(), resp.size()).ok());
+  EXPECT_EQ(DecodeResponse(resp)->status, WireStatus::kBadRequest);
+  char c;
+  EXPECT_LE(recv(fd, &c, 1, 0), 0);  // then closed (EOF, or reset: it did not read the rest)
+  close(fd);
+  // Oversized length in an otherwise valid frame.
+  fd = RawConnection(options_.token);
+  Request q;
+  q.addr = {1, 1, 5, 0};
+  q.id = MakeBlockId(q.addr);
+  q.length = kMaxLength + 1;
+  std::string f = EncodeRequest(q);
+  ASSERT_TRUE(WriteFull(fd, f.data(), f.size()).ok());
+  ASSERT_TRUE(ReadFull(fd, resp.data(), resp.size()).ok());
+  EXPECT_EQ(DecodeResponse(resp)->status, WireStatus::kBadRequest);
+  close(fd);
+  // A truncated frame, then the peer goes away.
+  fd = RawConnection(options_.token);
+  q.length = 100;
+  f = EncodeRequest(q);
+  ASSERT_TRUE(WriteFull(fd, f.data(), 20).ok());
+  close(fd);
+  // No token at all: a client that sends a request instead of Auth.
+  auto raw = ConnectTcp(peer_, std::chrono::seconds(1), std::chrono::seconds(2));
+  ASSERT_TRUE(raw.ok());
+  std::string hello(kHelloSize, '\0');
+  ASSERT_TRUE(ReadFull(*raw, hello.data(), hello.size()).ok());
+  ASSERT_TRUE(WriteFull(*raw, f.data(), kAuthSize).ok());
+  std::string reply(kAuthReplySize, '\0');
+  EXPECT_FALSE(ReadFull(*raw, reply.data(), reply.size()).ok() &&
+               DecodeAuthReply(reply)->status == WireStatus::kOk);
+  close(*raw);
+  EXPECT_TRUE(testing::WaitFor([&] { return server_->GetStats().bad_frames >= 3; }));
+  ExpectServerStillServes();
+}
+
+TEST_F(TcpTransportTest, StalledPeerTimesOutInsteadOfHanging) {
+  // A listener that accepts (the kernel does) but never says hello.
+  int port = 0;
+  auto lfd = ListenTcp("127.0.0.1:0", &port);
+  ASSERT_TRUE(lfd.ok());
+  auto client = NewTcpTransport(options_);
+  std::string buf(100, '\0');
+  auto start = std::chrono::steady_clock::now();
+  absl::Status s =
+      client->Fetch(absl::StrCat("127.0.0.1:", port), {1, 1, 5, 0}, 0, 100, buf.data(), nullptr);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(took, std::chrono::seconds(5));
+  close(*lfd);
+}
+
+TEST_F(TcpTransportTest, ConcurrentClientsAndStop) {
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  auto client = NewTcpTransport(options_);
+  for (int t = 0; t < 8; t++) {
+    threads.emplace_back([&] {
+      std::string buf(2 << 20, '\0');
+      for (int i = 0; i < 10; i++) {
+        if (!client->Fetch(peer_, {1, 1, 5, 1}, 0, 2 << 20, buf.data(), nullptr).ok() ||
+            buf != data_.substr(1 << 20, 2 << 20)) {
+          bad++;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad, 0);
+  server_->Stop();
+  std::string buf(10, '\0');
+  EXPECT_EQ(client->Fetch(peer_, {1, 1, 5, 0}, 0, 10, buf.data(), nullptr).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace ember::transport
