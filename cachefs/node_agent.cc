@@ -21,6 +21,25 @@ rpc::BlockAddr ToProto(const BlockAddr& a) {
 
 constexpr size_t kReportPage = 2000;  // files (full report) or blocks (increments) per RPC
 
+// Peers read resident blocks straight from the cache files.
+class CacheBlockSource final : public transport::BlockSource {
+ public:
+  explicit CacheBlockSource(BlockCache* cache) : cache_(cache) {}
+  std::optional<Block> Get(const BlockAddr& addr) override {
+    auto pin = cache_->Acquire(addr);
+    if (!pin) return std::nullopt;
+    return Block{pin->fd, pin->offset, pin->length, pin->checksum, pin};
+  }
+
+ private:
+  BlockCache* cache_;
+};
+
+std::string Label(const std::map<std::string, std::string>& labels, const std::string& key) {
+  auto it = labels.find(key);
+  return it == labels.end() ? "" : it->second;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& options) {
@@ -57,10 +76,35 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 
   a->meta_ = std::make_unique<meta::MetaClient>(options.meta_address, std::chrono::seconds(5));
   a->origin_ = NewPosixOrigin();
+
+  // Peers: serve our blocks, fetch theirs.
+  transport::TransportOptions to;
+  to.token = options.token;
+  to.io_timeout = options.peer_timeout;
+  a->block_source_ = std::make_unique<CacheBlockSource>(a->cache_.get());
+  auto server = transport::StartBlockServer(options.listen, a->block_source_.get(), to);
+  if (!server.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--listen ", options.listen,
+                                                      ": peers cannot reach this node: ",
+                                                      server.status().message()));
+  }
+  a->block_server_ = std::move(*server);
+  std::string why;
+  auto transport = transport::SelectTransport(options.transport, to, &why);
+  if (!transport.ok()) return transport.status();
+  a->transport_ = std::move(*transport);
+  spdlog::info("node: peers served on {}; fetching with {}", options.listen, why);
+  PeerFetcher::Options po;
+  po.self_id = a->options_.node_id;
+  po.self_switch = Label(options.labels, "switch");
+  po.self_rack = Label(options.labels, "rack");
+  a->peers_ = std::make_unique<PeerFetcher>(a->meta_.get(), a->transport_.get(), po);
+
   ReadPath::Options ro;
   ro.readahead_blocks = options.readahead_blocks;
   ro.fill_threads = options.fill_threads;
-  a->read_path_ = std::make_unique<ReadPath>(a->cache_.get(), a->origin_.get(), a->meta_.get(), ro);
+  a->read_path_ = std::make_unique<ReadPath>(a->cache_.get(), a->origin_.get(), a->meta_.get(), ro,
+                                             a->peers_.get());
   a->namespace_ = std::make_unique<Namespace>(a->meta_.get());
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(),
                                        options.readahead_blocks);
@@ -87,6 +131,7 @@ void NodeAgent::Stop() {
   }
   cv_.notify_all();
   if (mount_) mount_->Stop();
+  if (block_server_) block_server_->Stop();
 }
 
 rpc::NodeStats NodeAgent::Stats() {
@@ -105,6 +150,8 @@ rpc::NodeStats NodeAgent::Stats() {
   s.set_bytes_from_origin(r.bytes_from_origin);
   s.set_origin_block_reads(r.origin_block_reads);
   s.set_checksum_failures(r.checksum_failures);
+  s.set_peer_fetches(r.peer_fetches);
+  s.set_peer_errors(r.peer_errors);
   return s;
 }
 

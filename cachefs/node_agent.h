@@ -1,6 +1,6 @@
-// NodeAgent: one node of an Ember cluster. Opens the block cache, registers with meta (full
-// block report, then heartbeats and incremental reports), and serves datasets through a FUSE
-// mount. This is the front door of cachefs/: tools/ builds one from flags.
+// NodeAgent: one node of an Ember cluster. Opens the block cache, serves its blocks to peers
+// (transport/), registers with meta (full block report, then heartbeats and incremental reports),
+// and serves datasets through a FUSE mount, filling misses from peers before the origin. This is the front door of cachefs/: tools/ builds one from flags.
 //
 // Meta may come and go: the agent retries registration in the background and keeps serving what
 // it can (resident blocks and origin reads of loaded manifests) meanwhile.
@@ -22,6 +22,8 @@
 #include "cachefs/origin.h"
 #include "cachefs/read_path.h"
 #include "meta/meta_client.h"
+#include "transport/block_transport.h"
+#include "cachefs/peer_fetcher.h"
 
 namespace ember::cachefs {
 
@@ -38,6 +40,9 @@ struct NodeOptions {
   int readahead_blocks = 2;
   int fill_threads = 2;
   std::chrono::milliseconds report_interval{200};
+  transport::TransportMode transport = transport::TransportMode::kAuto;
+  std::string token;  // cluster token peers must prove (from --token-file)
+  std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
 };
 
 class NodeAgent {
@@ -65,6 +70,10 @@ class NodeAgent {
   std::unique_ptr<meta::MetaClient> meta_;
   std::unique_ptr<BlockCache> cache_;
   std::unique_ptr<Origin> origin_;
+  std::unique_ptr<transport::BlockSource> block_source_;
+  std::unique_ptr<transport::BlockServer> block_server_;
+  std::unique_ptr<transport::BlockTransport> transport_;
+  std::unique_ptr<PeerFetcher> peers_;
   std::unique_ptr<ReadPath> read_path_;
   std::unique_ptr<Namespace> namespace_;
   std::unique_ptr<DatasetFs> fs_;

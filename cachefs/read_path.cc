@@ -14,8 +14,8 @@ constexpr size_t kMaxQueuedReadahead = 64;
 }
 
 ReadPath::ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta,
-                   const Options& options)
-    : cache_(cache), origin_(origin), meta_(meta), options_(options) {
+                   const Options& options, PeerFetcher* peers)
+    : cache_(cache), origin_(origin), meta_(meta), options_(options), peers_(peers) {
   for (int i = 0; i < options_.fill_threads; i++) workers_.emplace_back([this] { Worker(); });
 }
 
@@ -34,6 +34,11 @@ ReadStats ReadPath::GetStats() const {
   s.misses = misses_;
   s.bytes_from_cache = bytes_cache_;
   s.bytes_from_origin = bytes_origin_;
+  s.bytes_from_peers = bytes_peers_;
+  if (peers_ != nullptr) {
+    s.peer_fetches = peers_->fetches();
+    s.peer_errors = peers_->errors();
+  }
   s.origin_block_reads = origin_reads_;
   s.checksum_failures = checksum_failures_;
   return s;
@@ -153,9 +158,16 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill) {
   const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
   misses_++;
   auto data = std::make_shared<std::string>(len, '\0');
-  absl::Status st = origin_->Read(file.origin, offset, len, data->data());
   bool cached = false;
-  if (st.ok()) {
+  absl::Status st = absl::OkStatus();
+  // A peer first: the origin is read once for the whole cluster.
+  absl::StatusOr<uint64_t> from_peer = absl::NotFoundError("no peers");
+  if (peers_ != nullptr) from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), data->data());
+  if (from_peer.ok()) {
+    bytes_peers_ += len;
+    cached = cache_->Insert(addr, file.origin.size, offset, *data, *from_peer) ==
+             BlockCache::InsertResult::kStored;
+  } else if (st = origin_->Read(file.origin, offset, len, data->data()); st.ok()) {
     origin_reads_++;
     bytes_origin_ += len;
     uint64_t sum = BlockChecksum(data->data(), len);
@@ -264,7 +276,8 @@ void ReadPath::RecentPut(const BlockAddr& addr, std::shared_ptr<const std::strin
 
 void ReadPath::Readahead(const FileRef& file, uint64_t first, int count) {
   const uint64_t blocks = (file.origin.size + file.block_size - 1) / file.block_size;
-  std::lock_guard lock(queue_mu_);
+  std::vector<BlockAddr> queued;
+  std::unique_lock lock(queue_mu_);
   for (uint64_t i = first; i < first + count && i < blocks; i++) {
     if (queue_.size() >= kMaxQueuedReadahead) break;
     BlockAddr addr{file.dataset_id, file.version, file.file_id, i};
@@ -274,8 +287,13 @@ void ReadPath::Readahead(const FileRef& file, uint64_t first, int count) {
       if (inflight_.count(addr)) continue;
     }
     queue_.emplace_back(file, i);
+    queued.push_back(addr);
   }
   queue_cv_.notify_all();
+  if (peers_ != nullptr && !queued.empty()) {
+    lock.unlock();
+    peers_->Prefetch(queued);  // one Locate for the whole readahead window
+  }
 }
 
 void ReadPath::Worker() {

@@ -5,7 +5,8 @@
 // For each block of a read:
 //   1. resident -> pin it; the first time this agent serves it, re-read and check its XXH3
 //      against the index (a mismatch drops the block and refills it; wrong bytes never go out);
-//   2. miss -> join the fill in flight for that block, or start one: read from the origin, check
+//   2. miss -> join the fill in flight for that block, or start one: from a peer that holds it
+//      (PeerFetcher; bytes must match meta's checksum), else read from the origin, check
 //      against meta's checksum for the block (record ours if we are first; a conflict means the
 //      origin changed since the version was taken -> EIO), store in the cache (if the policy
 //      admits it), and report it to meta through the cache's change log.
@@ -28,6 +29,7 @@
 #include "cachefs/block_cache.h"
 #include "cachefs/filesystem.h"
 #include "cachefs/origin.h"
+#include "cachefs/peer_fetcher.h"
 #include "meta/meta_client.h"
 
 namespace ember::cachefs {
@@ -50,6 +52,8 @@ struct ReadStats {
   uint64_t bytes_from_origin = 0;
   uint64_t origin_block_reads = 0;
   uint64_t checksum_failures = 0;
+  uint64_t peer_fetches = 0;
+  uint64_t peer_errors = 0;
 };
 
 class ReadPath {
@@ -61,8 +65,10 @@ class ReadPath {
     // (in blocks), so the kernel's many small reads of one block fetch it from the origin once.
     size_t passthrough_blocks = 2;
   };
-  // meta may be null (unit tests): checksums are then only kept locally.
-  ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta, const Options& options);
+  // meta may be null (unit tests): checksums are then only kept locally. peers may be null: misses
+  // then go straight to the origin.
+  ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta, const Options& options,
+           PeerFetcher* peers = nullptr);
   ~ReadPath();
 
   // Returns: the segments covering [offset, offset+size) clipped to the file size; NotFound /
@@ -101,6 +107,7 @@ class ReadPath {
   Origin* origin_;
   meta::MetaClient* meta_;
   Options options_;
+  PeerFetcher* peers_;
 
   std::mutex inflight_mu_;
   std::map<BlockAddr, std::shared_ptr<Fill>> inflight_;  // GUARDED_BY(inflight_mu_)
@@ -121,7 +128,7 @@ class ReadPath {
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 
-  std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_cache_{0}, bytes_origin_{0},
+  std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_cache_{0}, bytes_origin_{0}, bytes_peers_{0},
       origin_reads_{0}, checksum_failures_{0};
 };
 

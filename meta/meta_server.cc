@@ -214,17 +214,32 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   grpc::Status Locate(grpc::ServerContext*, const rpc::LocateRequest* req,
                       rpc::LocateResponse* resp) override {
     if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
-    std::lock_guard lock(state_mu_);
-    for (const auto& b : req->blocks()) {
-      rpc::Holders* h = resp->add_holders();
-      auto it = locations_.find(FileKey{b.dataset_id(), b.version(), b.file_id()});
-      if (it == locations_.end()) continue;
-      for (const auto& [node_id, bitmap] : it->second) {
-        if (!TestBit(bitmap, b.index())) continue;
-        auto n = nodes_.find(node_id);
-        if (n == nodes_.end() || !Alive(n->second)) continue;
-        h->add_node_ids(node_id);
-        h->add_addresses(n->second.node.address());
+    {
+      std::lock_guard lock(state_mu_);
+      for (const auto& b : req->blocks()) {
+        rpc::Holders* h = resp->add_holders();
+        auto it = locations_.find(FileKey{b.dataset_id(), b.version(), b.file_id()});
+        if (it == locations_.end()) continue;
+        for (const auto& [node_id, bitmap] : it->second) {
+          if (!TestBit(bitmap, b.index())) continue;
+          auto n = nodes_.find(node_id);
+          if (n == nodes_.end() || !Alive(n->second)) continue;
+          const auto& labels = n->second.node.labels();
+          h->add_node_ids(node_id);
+          h->add_addresses(n->second.node.address());
+          h->add_switches(labels.count("switch") ? labels.at("switch") : "");
+          h->add_racks(labels.count("rack") ? labels.at("rack") : "");
+        }
+      }
+    }
+    // Checksums let the caller verify what a peer sends.
+    for (int i = 0; i < req->blocks_size(); i++) {
+      rpc::Holders* h = resp->mutable_holders(i);
+      if (h->node_ids_size() == 0) continue;
+      auto sum = store_->GetChecksum(FromProto(req->blocks(i)));
+      if (sum.ok() && sum->has_value()) {
+        h->set_has_checksum(true);
+        h->set_checksum(**sum);
       }
     }
     return grpc::Status::OK;

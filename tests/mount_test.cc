@@ -101,7 +101,9 @@ class MountTest : public ::testing::Test {
     args.push_back("--meta");
     args.push_back(meta_->address());
     auto r = RunEmber(args);
-    if (expect_ok) EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (expect_ok) {
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+    }
     return r;
   }
 

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -33,6 +34,8 @@ struct NodeFlags {
   uint32_t gpus = 0;
   bool allow_other = false;
   int readahead = 2;
+  std::string transport = "auto";
+  std::string token_file;
 };
 
 void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
@@ -48,6 +51,19 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_flag("--allow-other", f->allow_other, "Let other users read the mount");
   c->add_option("--readahead", f->readahead, "Blocks to read ahead of a sequential reader")
       ->capture_default_str();
+  c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
+      ->capture_default_str();
+  c->add_option("--token-file", f->token_file, "File holding the cluster token peers must prove");
+}
+
+std::string ReadTokenFile(const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream in(path);
+  if (!in) Fail(absl::StrCat("--token-file ", path, ": cannot read it"));
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) Fail(absl::StrCat("--token-file ", path, " is empty"));
+  return token;
 }
 
 cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_address,
@@ -62,6 +78,10 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.mountpoint = f.mount;
   o.mount.allow_other = f.allow_other;
   o.readahead_blocks = f.readahead;
+  auto mode = transport::ParseTransportMode(f.transport);
+  if (!mode.ok()) Fail(mode.status());
+  o.transport = *mode;
+  o.token = ReadTokenFile(f.token_file);
   if (f.cache_size.empty()) {
     if (default_cache == 0) Fail("--cache-size is required");
     o.cache_bytes = default_cache;

@@ -1,0 +1,176 @@
+// Peer sharing on a real cluster: one `ember meta` and several `ember node` processes on this
+// machine, each on its own 127.0.0.x address with its own cache and mount.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/testing.h"
+
+namespace ember {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::MetaProcess;
+using testing::NodeProcess;
+using testing::ReadFile;
+using testing::RunEmber;
+using testing::TempDir;
+using testing::WriteFile;
+using testing::WriteRandomFile;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string ReadUncached(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return "<open failed>";
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  std::string out;
+  char buf[1 << 16];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  if (n < 0) return "<read failed: " + std::string(strerror(errno)) + ">";
+  return out;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "2s");
+    origin_ = dir_.Sub("origin");
+    fs::create_directories(origin_ + "/shards");
+    for (int i = 0; i < 5; i++) {
+      WriteRandomFile(absl::StrCat(origin_, "/shards/shard-", i, ".tar"), 9 * kMiB + i * 1000,
+                      300 + i);
+    }
+    for (int i = 0; i < 20; i++) {
+      WriteRandomFile(absl::StrCat(origin_, "/img-", i, ".jpg"), 112 << 10, 900 + i);
+    }
+    for (auto& e : fs::recursive_directory_iterator(origin_)) {
+      if (!e.is_regular_file()) continue;
+      files_.push_back(e.path().lexically_relative(origin_).string());
+      blocks_ += (fs::file_size(e) + 4 * kMiB - 1) / (4 * kMiB);
+      bytes_ += fs::file_size(e);
+    }
+    auto r = RunEmber({"dataset", "add", "ds", origin_, "--meta", meta_->address()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    WriteFile(dir_.Sub("token"), "s3cret-cluster-token\n");
+  }
+
+  std::unique_ptr<NodeProcess> Node(const std::string& id, int host,
+                                    const std::string& token_file = "") {
+    NodeProcess::Options o;
+    o.id = id;
+    o.listen_host = absl::StrCat("127.0.0.", host);
+    o.extra_args = {"--token-file", token_file.empty() ? dir_.Sub("token") : token_file,
+                    "--transport", "auto"};
+    auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
+    EXPECT_TRUE(n->Start());
+    return n;
+  }
+
+  // Reads every file through a node's mount; returns how many differed or failed.
+  int ReadAll(NodeProcess& n) {
+    int bad = 0;
+    for (const auto& f : files_) {
+      if (ReadUncached(n.mount() + "/ds/" + f) != ReadFile(origin_ + "/" + f)) bad++;
+    }
+    return bad;
+  }
+
+  rpc::NodeStats Settled(NodeProcess& n) {
+    rpc::NodeStats prev;
+    for (int i = 0; i < 40; i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      rpc::NodeStats s = n.Stats(meta_->client());
+      if (i > 0 && s.SerializeAsString() == prev.SerializeAsString()) return s;
+      prev = s;
+    }
+    return prev;
+  }
+
+  TempDir dir_;
+  std::string origin_;
+  std::vector<std::string> files_;
+  uint64_t blocks_ = 0, bytes_ = 0;
+  std::unique_ptr<MetaProcess> meta_;
+};
+
+TEST_F(ClusterTest, OriginReadOnceThenPeersServe) {
+  auto a = Node("a", 2);
+  auto b = Node("b", 3);
+  auto c = Node("c", 4);
+  ASSERT_EQ(ReadAll(*a), 0);
+  rpc::NodeStats sa = Settled(*a);
+  EXPECT_EQ(sa.origin_block_reads(), blocks_);
+
+  // B reads everything: from A, never from the origin, bytes identical.
+  ASSERT_EQ(ReadAll(*b), 0);
+  rpc::NodeStats sb = Settled(*b);
+  EXPECT_EQ(sb.origin_block_reads(), 0u);
+  EXPECT_EQ(sb.bytes_from_origin(), 0u);
+  EXPECT_EQ(sb.bytes_from_peers(), bytes_);
+  EXPECT_EQ(sb.peer_fetches(), blocks_);
+  EXPECT_EQ(Settled(*a).origin_block_reads(), blocks_);  // A did not read again either
+
+  // A dies without a goodbye; C reads while meta still thinks A is alive: every read succeeds,
+  // from B (or the origin), without waiting for A's lease to run out.
+  a->Kill(SIGKILL);
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(ReadAll(*c), 0);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, std::chrono::seconds(20));
+  rpc::NodeStats sc = Settled(*c);
+  EXPECT_EQ(sc.bytes_from_peers() + sc.bytes_from_origin(), bytes_);
+  EXPECT_GT(sc.bytes_from_peers(), 0u);
+  auto status = RunEmber({"status", "--meta", meta_->address()});
+  EXPECT_NE(status.out.find("FROM-PEERS"), std::string::npos);
+}
+
+TEST_F(ClusterTest, CorruptPeerIsDetectedAndNeverServed) {
+  auto a = Node("a", 2);
+  ASSERT_EQ(ReadAll(*a), 0);
+  Settled(*a);
+  // Corrupt every cached block on A, in place, while A keeps serving.
+  int corrupted = 0;
+  for (auto& e : fs::recursive_directory_iterator(a->cache_dir() + "/blocks")) {
+    if (!e.is_regular_file()) continue;
+    int fd = open(e.path().c_str(), O_RDWR);
+    char c = 0;
+    ASSERT_EQ(pread(fd, &c, 1, 100), 1);
+    c ^= 0x77;
+    ASSERT_EQ(pwrite(fd, &c, 1, 100), 1);
+    close(fd);
+    corrupted++;
+  }
+  ASSERT_EQ(corrupted, static_cast<int>(files_.size()));
+  auto b = Node("b", 3);
+  ASSERT_EQ(ReadAll(*b), 0);  // correct bytes, from the origin
+  rpc::NodeStats sb = Settled(*b);
+  EXPECT_GE(sb.peer_errors(), 1u);
+  EXPECT_EQ(sb.peer_fetches(), 0u);
+  EXPECT_EQ(sb.bytes_from_origin(), bytes_);
+  EXPECT_NE(b->Log().find("failed its checksum"), std::string::npos);
+}
+
+TEST_F(ClusterTest, WrongTokenIsRefused) {
+  auto a = Node("a", 2);
+  ASSERT_EQ(ReadAll(*a), 0);
+  Settled(*a);
+  WriteFile(dir_.Sub("other-token"), "not-the-cluster-token");
+  auto intruder = Node("x", 5, dir_.Sub("other-token"));
+  ASSERT_EQ(ReadAll(*intruder), 0);  // still reads, from the origin
+  rpc::NodeStats sx = Settled(*intruder);
+  EXPECT_EQ(sx.peer_fetches(), 0u);
+  EXPECT_GE(sx.peer_errors(), 1u);
+  EXPECT_NE(a->Log().find("wrong cluster token"), std::string::npos) << a->Log();
+}
+
+}  // namespace
+}  // namespace ember
