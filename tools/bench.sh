@@ -90,3 +90,46 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
   echo "Runs: $RUNS each, interleaved; medians. Raw: seq-mount=[$(paste -sd, "$OUT/seq-mount.txt")] seq-direct=[$(paste -sd, "$OUT/seq-direct.txt")] small-mount=[$(paste -sd, "$OUT/small-mount.txt")] small-direct=[$(paste -sd, "$OUT/small-direct.txt")]"
 } | tee "$OUT/results.md"
 "$EMBER" status
+kill $UP; wait $UP 2>/dev/null || true
+trap - EXIT
+
+# ---- peer sharing ----
+# Transport level: the Ember protocol vs a raw TCP stream of the same file on the same loopback.
+say "peer fill goodput vs raw TCP"
+{
+  echo
+  echo "| case | Ember | baseline | ratio |"
+  echo "| --- | --- | --- | --- |"
+  "$BUILD/bin/peer_bench" "$WORK/data/big/large.bin" "$RUNS" 1 | head -1
+  "$BUILD/bin/peer_bench" "$WORK/data/big/large.bin" "$RUNS" 2
+} | tee -a "$OUT/results.md"
+
+# End to end: node B reads a 1 GiB file through its mount, every block from node A's cache,
+# against node A's own first read of it from the origin (page cache of the origin warm).
+say "two nodes: B reads from A"
+rm -rf "$WORK/cluster"; mkdir -p "$WORK/cluster/a/mnt" "$WORK/cluster/b/mnt"
+MPORT=$((PORT + 7))
+"$EMBER" meta --listen "127.0.0.1:$MPORT" --data-dir "$WORK/cluster/meta" --lease 3s > "$OUT/meta.log" 2>&1 &
+PIDS=($!)
+trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null || true' EXIT
+export EMBER_META=127.0.0.1:$MPORT
+for _ in $(seq 100); do "$EMBER" dataset ls > /dev/null 2>&1 && break; sleep 0.1; done
+"$EMBER" dataset add big "$WORK/data/big" > /dev/null
+for n in a b; do
+  host=$([ $n = a ] && echo 127.0.0.2 || echo 127.0.0.3)
+  "$EMBER" node --listen "$host:$((MPORT + 1))" --cache-dir "$WORK/cluster/$n/cache" \
+    --cache-size 2GiB --mount "$WORK/cluster/$n/mnt" --node-id "$n" > "$OUT/node-$n.log" 2>&1 &
+  PIDS+=($!)
+done
+for n in a b; do
+  for _ in $(seq 100); do grep -q "serving datasets" "$OUT/node-$n.log" && break; sleep 0.1; done
+done
+a_origin=$("$RB" seq "$WORK/cluster/a/mnt/big/large.bin" drop)
+sleep 1.5  # A's block report reaches meta
+b_peer=$("$RB" seq "$WORK/cluster/b/mnt/big/large.bin" drop)
+sleep 1.5
+{
+  echo
+  echo "Two nodes, 1 GiB file through the mount: A's first read (from the origin) $a_origin MiB/s; B's first read (every block from A) $b_peer MiB/s."
+} | tee -a "$OUT/results.md"
+"$EMBER" status

@@ -44,6 +44,11 @@ void AddStatusCommand(CLI::App& app) {
                        {"bytes_from_cache", s.bytes_from_cache()},
                        {"bytes_from_peers", s.bytes_from_peers()},
                        {"bytes_from_origin", s.bytes_from_origin()},
+                       {"origin_block_reads", s.origin_block_reads()},
+                       {"peer_fetches", s.peer_fetches()},
+                       {"peer_errors", s.peer_errors()},
+                       {"checksum_failures", s.checksum_failures()},
+                       {"evictions", s.evictions()},
                        {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}});
       }
       std::cout << nlohmann::json{{"meta", client.address()}, {"nodes", arr}}.dump(2) << "\n";
