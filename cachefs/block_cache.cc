@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -36,7 +37,8 @@ uint64_t GetBe(const char* p, int n) {
   return v;
 }
 
-std::string IndexValue(uint64_t checksum, uint64_t offset, uint32_t length) {
+// checksum (8) | offset (8) | length (4) | pinned until, unix ms (8)
+std::string IndexValue(uint64_t checksum, uint64_t offset, uint32_t length, int64_t pin) {
   std::string v;
   auto put = [&](uint64_t x, int n) {
     for (int i = n - 1; i >= 0; i--) v.push_back(static_cast<char>(x >> (8 * i)));
@@ -44,7 +46,14 @@ std::string IndexValue(uint64_t checksum, uint64_t offset, uint32_t length) {
   put(checksum, 8);
   put(offset, 8);
   put(length, 4);
+  put(static_cast<uint64_t>(pin), 8);
   return v;
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 uint64_t PolicyHash(const BlockAddr& a) { return MakeBlockId(a).lo; }
@@ -93,7 +102,7 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
   std::vector<std::string> stale_keys;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    if (it->key().size() != 24 || it->value().size() != 20) {
+    if (it->key().size() != 24 || (it->value().size() != 20 && it->value().size() != 28)) {
       stale_keys.push_back(it->key().ToString());
       continue;
     }
@@ -105,6 +114,7 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
     e.checksum = GetBe(v, 8);
     e.offset = GetBe(v + 8, 8);
     e.length = static_cast<uint32_t>(GetBe(v + 16, 4));
+    if (it->value().size() == 28) e.pinned_until_ms = static_cast<int64_t>(GetBe(v + 20, 8));
     e.generation = cache->next_generation_++;
     std::string path = cache->FilePath(a);
     if (!present_files.count(path)) {
@@ -128,12 +138,20 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
     spdlog::warn("cache: forgot {} index records whose cache files were missing or short",
                  stale_keys.size());
   }
-  // A smaller capacity than last time: evict down to it.
+  // A smaller capacity than last time: evict down to it (unpinned blocks first).
   {
     std::lock_guard lock(cache->mu_);
-    while (cache->used_ > options.capacity_bytes && !cache->lru_.empty()) {
-      cache->RemoveLocked(cache->blocks_.find(cache->lru_.back()), true);
+    const int64_t now_ms = NowMs();
+    std::vector<BlockAddr> victims;
+    uint64_t used = cache->used_;
+    for (auto r = cache->lru_.rbegin(); r != cache->lru_.rend() && used > options.capacity_bytes;
+         ++r) {
+      const Entry& e = cache->blocks_.at(*r);
+      if (e.pinned_until_ms > now_ms) continue;
+      victims.push_back(*r);
+      used -= e.length;
     }
+    for (const auto& v : victims) cache->RemoveLocked(cache->blocks_.find(v), true);
     cache->added_.clear();
     cache->removed_.clear();
   }
@@ -238,6 +256,7 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
       return InsertResult::kNotAdmitted;
     }
     if (used_ + len > options_.capacity_bytes) {
+      const int64_t now_ms = NowMs();
       // Choose victims from the LRU end, skipping pinned and in-flight blocks.
       std::vector<std::map<BlockAddr, Entry>::iterator> victims;
       uint64_t freed = 0;
@@ -245,7 +264,8 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
       for (auto r = lru_.rbegin(); r != lru_.rend() && used_ + len - freed > options_.capacity_bytes;
            ++r) {
         auto v = blocks_.find(*r);
-        if (v == blocks_.end() || v->second.pins > 0 || v->second.writing || v->second.doomed) {
+        if (v == blocks_.end() || v->second.pins > 0 || v->second.writing || v->second.doomed ||
+            v->second.pinned_until_ms > now_ms) {
           continue;
         }
         victims.push_back(v);
@@ -305,7 +325,7 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   }
   rocksdb::Status s;
   if (err == 0) {
-    s = index_->Put(rocksdb::WriteOptions(), IndexKey(addr), IndexValue(checksum, offset, len));
+    s = index_->Put(rocksdb::WriteOptions(), IndexKey(addr), IndexValue(checksum, offset, len, 0));
     if (!s.ok()) err = EIO;
   }
 
@@ -337,9 +357,28 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   return InsertResult::kStored;
 }
 
+bool BlockCache::SetPin(const BlockAddr& addr, int64_t until_unix_ms) {
+  std::lock_guard lock(mu_);
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return false;
+  Entry& e = it->second;
+  if (e.pinned_until_ms == until_unix_ms) return true;
+  e.pinned_until_ms = until_unix_ms;
+  index_->Put(rocksdb::WriteOptions(), IndexKey(addr),
+              IndexValue(e.checksum, e.offset, e.length, until_unix_ms));
+  return true;
+}
+
 BlockCache::Stats BlockCache::GetStats() {
   std::lock_guard lock(mu_);
   Stats s;
+  const int64_t now_ms = NowMs();
+  for (const auto& [a, e] : blocks_) {
+    if (e.pinned_until_ms > now_ms && !e.doomed) {
+      s.pinned_bytes += e.length;
+      s.pinned_bytes_by_dataset[a.dataset_id] += e.length;
+    }
+  }
   s.capacity_bytes = options_.capacity_bytes;
   s.used_bytes = used_;
   s.resident_blocks = blocks_.size();

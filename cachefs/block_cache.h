@@ -73,6 +73,9 @@ class BlockCache {
   // Returns true if this call dropped it.
   bool Drop(const BlockAddr& addr, uint64_t generation = 0);
   bool Resident(const BlockAddr& addr);
+  // Keeps a resident block from eviction until `until_unix_ms` (0 releases it). Pins survive
+  // restarts. Returns false if the block is not resident.
+  bool SetPin(const BlockAddr& addr, int64_t until_unix_ms);
 
   struct Stats {
     uint64_t capacity_bytes = 0;
@@ -80,6 +83,8 @@ class BlockCache {
     uint64_t resident_blocks = 0;
     uint64_t evictions = 0;
     uint64_t not_admitted = 0;
+    uint64_t pinned_bytes = 0;
+    std::map<uint32_t, uint64_t> pinned_bytes_by_dataset;
   };
   Stats GetStats();
 
@@ -102,6 +107,7 @@ class BlockCache {
     bool writing = false;  // bytes being written, not yet resident
     bool doomed = false;   // dropped while pinned
     uint64_t generation = 0;
+    int64_t pinned_until_ms = 0;  // unix ms; evictable once past
     std::list<BlockAddr>::iterator lru;
   };
 

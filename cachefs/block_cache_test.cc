@@ -5,6 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
+
 #include "tests/testing/testing.h"
 
 namespace ember::cachefs {
@@ -141,6 +144,56 @@ TEST(BlockCacheTest, UnwritableDirIsAClearError) {
   auto c = BlockCache::Open(o);
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("not writable"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace ember::cachefs
+
+namespace ember::cachefs {
+namespace {
+
+int64_t NowMsForTest() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+TEST(BlockCachePinTest, PinnedBlocksSurvivePressureUntilExpiry) {
+  testing::TempDir dir;
+  auto cache = OpenCache(dir.path(), 4ull * kBlock);
+  std::string data(kBlock, 'p');
+  uint64_t fsize = 100ull * kBlock;
+  for (uint64_t i = 0; i < 4; i++) {
+    ASSERT_EQ(cache->Insert({1, 1, 1, i}, fsize, i * kBlock, data, 1),
+              BlockCache::InsertResult::kStored);
+  }
+  const int64_t until = NowMsForTest() + 600;
+  for (uint64_t i = 0; i < 2; i++) EXPECT_TRUE(cache->SetPin({1, 1, 1, i}, until));
+  EXPECT_FALSE(cache->SetPin({1, 1, 1, 77}, until));  // not resident
+  EXPECT_EQ(cache->GetStats().pinned_bytes, 2ull * kBlock);
+  EXPECT_EQ(cache->GetStats().pinned_bytes_by_dataset.at(1), 2ull * kBlock);
+  // Hot newcomers: only the unpinned blocks can make room.
+  for (uint64_t i = 10; i < 20; i++) {
+    for (int k = 0; k < 5; k++) cache->Acquire({2, 1, 1, i});
+    cache->Insert({2, 1, 1, i}, fsize, i * kBlock, data, 1);
+  }
+  EXPECT_TRUE(cache->Resident({1, 1, 1, 0}));
+  EXPECT_TRUE(cache->Resident({1, 1, 1, 1}));
+  EXPECT_FALSE(cache->Resident({1, 1, 1, 2}));
+  EXPECT_LE(cache->GetStats().used_bytes, 4ull * kBlock);
+  // Pins survive a restart.
+  cache.reset();
+  cache = OpenCache(dir.path(), 4ull * kBlock);
+  EXPECT_EQ(cache->GetStats().pinned_bytes, 2ull * kBlock);
+  // After expiry they are ordinary blocks again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(cache->GetStats().pinned_bytes, 0u);
+  for (uint64_t i = 30; i < 40; i++) {
+    for (int k = 0; k < 5; k++) cache->Acquire({3, 1, 1, i});
+    cache->Insert({3, 1, 1, i}, fsize, i * kBlock, data, 1);
+  }
+  EXPECT_FALSE(cache->Resident({1, 1, 1, 0}));
+  EXPECT_FALSE(cache->Resident({1, 1, 1, 1}));
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ Attr DatasetFs::AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& 
   return a;
 }
 
-FileRef DatasetFs::RefOf(const DatasetView& view, uint64_t file_id, const FsNode& node) const {
+FileRef MakeFileRef(const DatasetView& view, uint64_t file_id) {
+  const FsNode& node = *view.Get(file_id);
   FileRef r;
   r.dataset_id = view.dataset_id;
   r.version = view.version;
@@ -158,7 +159,7 @@ absl::StatusOr<uint64_t> DatasetFs::Open(uint64_t ino, int flags) {
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);
   auto h = std::make_shared<Handle>();
-  h->ref = RefOf(*r->first, file_id, *r->second);
+  h->ref = MakeFileRef(*r->first, file_id);
   uint64_t id = next_handle_++;
   std::lock_guard lock(handles_mu_);
   handles_[id] = std::move(h);
@@ -181,7 +182,7 @@ absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, uint64_t handle, uint64
     uint64_t file_id;
     SplitIno(ino, &ds, &v, &file_id);
     h = std::make_shared<Handle>();
-    h->ref = RefOf(*r->first, file_id, *r->second);
+    h->ref = MakeFileRef(*r->first, file_id);
   }
   // Sequential reader: queue the next blocks once per block boundary crossed.
   const uint64_t bs = h->ref.block_size;

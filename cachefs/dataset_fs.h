@@ -13,6 +13,9 @@
 
 namespace ember::cachefs {
 
+// What the read path needs to fill blocks of one file of a loaded view.
+FileRef MakeFileRef(const DatasetView& view, uint64_t file_id);
+
 class DatasetFs final : public FileSystem {
  public:
   DatasetFs(Namespace* ns, ReadPath* read_path, int readahead_blocks);
@@ -47,7 +50,6 @@ class DatasetFs final : public FileSystem {
       uint64_t ino);
   static Attr AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& node);
   static Attr RootAttr();
-  FileRef RefOf(const DatasetView& view, uint64_t file_id, const FsNode& node) const;
 
   Namespace* ns_;
   ReadPath* read_path_;

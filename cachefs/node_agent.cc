@@ -108,6 +108,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->namespace_ = std::make_unique<Namespace>(a->meta_.get());
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(),
                                        options.readahead_blocks);
+  a->prefetch_ = std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
+                                                  a->read_path_.get(), a->cache_.get(),
+                                                  a->meta_.get());
   auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
   if (!mount.ok()) return mount.status();
   a->mount_ = std::move(*mount);
@@ -118,6 +121,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 NodeAgent::~NodeAgent() {
   Stop();
   if (background_.joinable()) background_.join();
+  prefetch_.reset();  // its workers use the read path
   mount_.reset();  // unmount before the filesystem it serves goes away
 }
 
@@ -152,6 +156,8 @@ rpc::NodeStats NodeAgent::Stats() {
   s.set_checksum_failures(r.checksum_failures);
   s.set_peer_fetches(r.peer_fetches);
   s.set_peer_errors(r.peer_errors);
+  s.set_pinned_bytes(c.pinned_bytes);
+  for (const auto& [ds, b] : c.pinned_bytes_by_dataset) (*s.mutable_pinned_bytes_by_dataset())[ds] = b;
   return s;
 }
 
@@ -234,6 +240,7 @@ void NodeAgent::Background() {
           last_heartbeat = std::chrono::steady_clock::now();
           if (hb->reregister()) registered_ = false;
           read_path_->FlushPendingChecksums();
+          prefetch_->Update({hb->prefetches().begin(), hb->prefetches().end()});
         } else {
           st = hb.status();
         }

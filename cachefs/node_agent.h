@@ -24,6 +24,7 @@
 #include "meta/meta_client.h"
 #include "transport/block_transport.h"
 #include "cachefs/peer_fetcher.h"
+#include "cachefs/prefetch.h"
 
 namespace ember::cachefs {
 
@@ -77,6 +78,7 @@ class NodeAgent {
   std::unique_ptr<ReadPath> read_path_;
   std::unique_ptr<Namespace> namespace_;
   std::unique_ptr<DatasetFs> fs_;
+  std::unique_ptr<PrefetchRunner> prefetch_;
   std::unique_ptr<FuseMount> mount_;
 
   std::mutex mu_;

@@ -41,7 +41,12 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
                            j < h.switches_size() ? h.switches(j) : "",
                            j < h.racks_size() ? h.racks(j) : ""});
     }
-    located_[addrs[i]] = std::move(l);
+    // "Nobody has it" is not cached: during a prefetch the answer changes within moments.
+    if (l.holders.empty()) {
+      located_.erase(addrs[i]);
+    } else {
+      located_[addrs[i]] = std::move(l);
+    }
   }
   return absl::OkStatus();
 }
@@ -90,7 +95,8 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
     absl::Status s = Locate({addr});
     if (!s.ok()) return absl::NotFoundError(absl::StrCat("cannot locate peers: ", s.message()));
     std::lock_guard lock(mu_);
-    l = located_[addr];
+    auto it = located_.find(addr);
+    if (it != located_.end()) l = it->second;
   }
   // Without meta's checksum a peer's bytes cannot be checked: use the origin.
   if (l.holders.empty() || !l.has_checksum) return absl::NotFoundError("no peer holds the block");

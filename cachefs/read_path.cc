@@ -152,7 +152,38 @@ bool ReadPath::VerifyPinned(const BlockCache::Pin& pin) {
   return false;
 }
 
-void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill) {
+absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
+    const FileRef& file, uint64_t index, bool allow_origin,
+    const std::function<void(uint64_t)>& before_origin) {
+  const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
+  if (cache_->Resident(addr)) return Source::kResident;
+  std::shared_ptr<Fill> fill;
+  bool leader = false;
+  {
+    std::lock_guard lock(inflight_mu_);
+    auto it = inflight_.find(addr);
+    if (it != inflight_.end()) {
+      fill = it->second;
+    } else {
+      fill = std::make_shared<Fill>();
+      inflight_.emplace(addr, fill);
+      leader = true;
+    }
+  }
+  if (leader) {
+    FillBlock(file, index, fill.get(), allow_origin, &before_origin);
+    std::lock_guard lock(inflight_mu_);
+    inflight_.erase(addr);
+  } else {
+    std::unique_lock lock(fill->mu);
+    fill->cv.wait(lock, [&] { return fill->done; });
+  }
+  if (!fill->status.ok()) return fill->status;
+  return fill->from_peer ? Source::kPeer : Source::kOrigin;
+}
+
+void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool allow_origin,
+                         const std::function<void(uint64_t)>* before_origin) {
   const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
   const uint64_t offset = index * file.block_size;
   const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
@@ -167,17 +198,23 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill) {
     bytes_peers_ += len;
     cached = cache_->Insert(addr, file.origin.size, offset, *data, *from_peer) ==
              BlockCache::InsertResult::kStored;
-  } else if (st = origin_->Read(file.origin, offset, len, data->data()); st.ok()) {
-    origin_reads_++;
-    bytes_origin_ += len;
-    uint64_t sum = BlockChecksum(data->data(), len);
-    st = CheckAgainstMeta(addr, sum);
+  } else if (!allow_origin) {
+    st = absl::NotFoundError("no peer holds the block yet");
+  } else {
+    if (before_origin != nullptr && *before_origin) (*before_origin)(len);  // rate limit
+    st = origin_->Read(file.origin, offset, len, data->data());
     if (st.ok()) {
-      cached = cache_->Insert(addr, file.origin.size, offset, *data, sum) ==
-               BlockCache::InsertResult::kStored;
+      origin_reads_++;
+      bytes_origin_ += len;
+      uint64_t sum = BlockChecksum(data->data(), len);
+      st = CheckAgainstMeta(addr, sum);
+      if (st.ok()) {
+        cached = cache_->Insert(addr, file.origin.size, offset, *data, sum) ==
+                 BlockCache::InsertResult::kStored;
+      }
     }
   }
-  if (!st.ok()) {
+  if (!st.ok() && allow_origin) {
     spdlog::error("read: {} block {} of {}/{}: {}{}", file.dataset_name, index, file.origin.root,
                   file.origin.path, std::string(st.message()),
                   absl::IsFailedPrecondition(st)
@@ -187,6 +224,7 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill) {
   std::lock_guard lock(fill->mu);
   fill->status = st;
   fill->cached = cached;
+  fill->from_peer = from_peer.ok();
   if (st.ok() && !cached) {
     RecentPut(addr, data);
     fill->data = std::move(data);

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -77,6 +78,14 @@ class ReadPath {
   // Queues background fills of blocks [first, first+count) that are not resident.
   void Readahead(const FileRef& file, uint64_t first, int count);
 
+  // Where a prefetched block came from.
+  enum class Source { kResident, kPeer, kOrigin };
+  // Makes one block resident (prefetch). With allow_origin false only peers are asked, and
+  // NotFound means no peer has it yet. `before_origin` runs before an origin read (rate limit).
+  // Returns the source, or the fill's error.
+  absl::StatusOr<Source> Prefetch(const FileRef& file, uint64_t index, bool allow_origin,
+                                  const std::function<void(uint64_t bytes)>& before_origin);
+
   ReadStats GetStats() const;
   // Checksums recorded locally while meta was unreachable; retried by the agent.
   void FlushPendingChecksums();
@@ -88,6 +97,7 @@ class ReadPath {
     bool done = false;
     absl::Status status;
     bool cached = false;
+    bool from_peer = false;
     std::shared_ptr<const std::string> data;  // when not cached
   };
   struct BlockBytes {
@@ -99,7 +109,8 @@ class ReadPath {
   absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index);
   // Checks a pinned block's bytes once per agent lifetime. Returns false if they are wrong.
   bool VerifyPinned(const BlockCache::Pin& pin);
-  void FillBlock(const FileRef& file, uint64_t index, Fill* fill);
+  void FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool allow_origin = true,
+                 const std::function<void(uint64_t)>* before_origin = nullptr);
   absl::Status CheckAgainstMeta(const BlockAddr& addr, uint64_t checksum);
   void Worker();
 

@@ -204,4 +204,57 @@ absl::StatusOr<rpc::LocateResponse> MetaClient::Locate(const rpc::LocateRequest&
   return impl_->Unary<rpc::LocateRequest, rpc::LocateResponse>(req, &rpc::Meta::Stub::Locate);
 }
 
+absl::StatusOr<rpc::PrefetchJob> MetaClient::StartPrefetch(const rpc::PrefetchSpec& spec) {
+  return impl_->Unary<rpc::PrefetchSpec, rpc::PrefetchJob>(spec, &rpc::Meta::Stub::StartPrefetch);
+}
+
+absl::StatusOr<rpc::PrefetchJob> MetaClient::GetPrefetch(const std::string& id) {
+  rpc::PrefetchId req;
+  req.set_id(id);
+  return impl_->Unary<rpc::PrefetchId, rpc::PrefetchJob>(req, &rpc::Meta::Stub::GetPrefetch);
+}
+
+absl::StatusOr<std::vector<rpc::PrefetchJob>> MetaClient::ListPrefetches() {
+  auto r = impl_->Unary<rpc::ListPrefetchesRequest, rpc::ListPrefetchesResponse>(
+      rpc::ListPrefetchesRequest(), &rpc::Meta::Stub::ListPrefetches);
+  if (!r.ok()) return r.status();
+  return std::vector<rpc::PrefetchJob>(r->jobs().begin(), r->jobs().end());
+}
+
+absl::StatusOr<rpc::PrefetchJob> MetaClient::CancelPrefetch(const std::string& id) {
+  rpc::PrefetchId req;
+  req.set_id(id);
+  return impl_->Unary<rpc::PrefetchId, rpc::PrefetchJob>(req, &rpc::Meta::Stub::CancelPrefetch);
+}
+
+absl::StatusOr<uint32_t> MetaClient::Unpin(const std::string& dataset,
+                                           const std::string& prefetch_id) {
+  rpc::UnpinRequest req;
+  req.set_dataset(dataset);
+  req.set_prefetch_id(prefetch_id);
+  auto r = impl_->Unary<rpc::UnpinRequest, rpc::UnpinResponse>(req, &rpc::Meta::Stub::Unpin);
+  if (!r.ok()) return r.status();
+  return r->unpinned();
+}
+
+absl::Status MetaClient::ReportPrefetch(const std::string& job_id,
+                                        const rpc::PrefetchNodeProgress& p) {
+  rpc::ReportPrefetchRequest req;
+  req.set_job_id(job_id);
+  *req.mutable_progress() = p;
+  return impl_
+      ->Unary<rpc::ReportPrefetchRequest, rpc::ReportPrefetchResponse>(
+          req, &rpc::Meta::Stub::ReportPrefetch)
+      .status();
+}
+
+absl::StatusOr<rpc::LocalityResponse> MetaClient::Locality(const std::string& dataset,
+                                                           uint32_t version) {
+  rpc::LocalityRequest req;
+  req.set_dataset(dataset);
+  req.set_version(version);
+  return impl_->Unary<rpc::LocalityRequest, rpc::LocalityResponse>(req,
+                                                                   &rpc::Meta::Stub::Locality);
+}
+
 }  // namespace ember::meta

@@ -59,6 +59,14 @@ class MetaClient {
   absl::Status ReportBlocks(const rpc::ReportBlocksRequest& req);
   absl::StatusOr<rpc::LocateResponse> Locate(const rpc::LocateRequest& req);
 
+  absl::StatusOr<rpc::PrefetchJob> StartPrefetch(const rpc::PrefetchSpec& spec);
+  absl::StatusOr<rpc::PrefetchJob> GetPrefetch(const std::string& id);
+  absl::StatusOr<std::vector<rpc::PrefetchJob>> ListPrefetches();
+  absl::StatusOr<rpc::PrefetchJob> CancelPrefetch(const std::string& id);
+  absl::StatusOr<uint32_t> Unpin(const std::string& dataset, const std::string& prefetch_id);
+  absl::Status ReportPrefetch(const std::string& job_id, const rpc::PrefetchNodeProgress& p);
+  absl::StatusOr<rpc::LocalityResponse> Locality(const std::string& dataset, uint32_t version);
+
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;

@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -112,7 +113,17 @@ class MetaServiceImpl final : public rpc::Meta::Service {
           node_files_[node].insert(key);
           locations++;
         }));
-    spdlog::info("meta: loaded {} nodes and {} file location records", nodes_.size(), locations);
+    ASSIGN_OR_RETURN(auto jobs, store_->ListPrefetches());
+    for (auto& j : jobs) {
+      uint64_t n = 0;
+      if (j.id().size() > 3 && absl::SimpleAtoi(j.id().substr(3), &n)) {
+        next_prefetch_ = std::max(next_prefetch_, n + 1);
+      }
+      std::string id = j.id();
+      prefetches_[id] = std::move(j);
+    }
+    spdlog::info("meta: loaded {} nodes, {} file location records, {} prefetches", nodes_.size(),
+                 locations, prefetches_.size());
     return absl::OkStatus();
   }
 
@@ -182,7 +193,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status Heartbeat(grpc::ServerContext*, const rpc::HeartbeatRequest* req,
                          rpc::HeartbeatResponse* resp) override {
-    std::lock_guard lock(state_mu_);
+    std::unique_lock lock(state_mu_);
     auto it = nodes_.find(req->node_id());
     if (it == nodes_.end()) {
       resp->set_reregister(true);
@@ -192,7 +203,104 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     it->second.last_heartbeat = Clock::now();
     it->second.node.set_last_heartbeat_unix_ms(NowUnixMs());
     *it->second.node.mutable_stats() = req->stats();
+    lock.unlock();
+    JobsForNode(req->node_id(), resp);
     return grpc::Status::OK;
+  }
+
+  // ---- prefetch and locality ----
+
+  grpc::Status StartPrefetch(grpc::ServerContext*, const rpc::PrefetchSpec* req,
+                             rpc::PrefetchJob* resp) override {
+    return ToGrpc(DoStartPrefetch(*req, resp));
+  }
+
+  grpc::Status GetPrefetch(grpc::ServerContext*, const rpc::PrefetchId* req,
+                           rpc::PrefetchJob* resp) override {
+    auto alive = AliveNodes();
+    std::lock_guard lock(prefetch_mu_);
+    auto it = prefetches_.find(req->id());
+    if (it == prefetches_.end()) {
+      return ToGrpc(absl::NotFoundError(absl::StrCat("unknown prefetch '", req->id(), "'")));
+    }
+    Settle(&it->second, alive);
+    *resp = it->second;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListPrefetches(grpc::ServerContext*, const rpc::ListPrefetchesRequest*,
+                              rpc::ListPrefetchesResponse* resp) override {
+    auto alive = AliveNodes();
+    std::lock_guard lock(prefetch_mu_);
+    for (auto& [id, job] : prefetches_) {
+      Settle(&job, alive);
+      *resp->add_jobs() = job;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CancelPrefetch(grpc::ServerContext*, const rpc::PrefetchId* req,
+                              rpc::PrefetchJob* resp) override {
+    std::lock_guard lock(prefetch_mu_);
+    auto it = prefetches_.find(req->id());
+    if (it == prefetches_.end()) {
+      return ToGrpc(absl::NotFoundError(absl::StrCat("unknown prefetch '", req->id(), "'")));
+    }
+    if (it->second.state() == rpc::PrefetchJob::RUNNING) {
+      it->second.set_state(rpc::PrefetchJob::CANCELLED);
+      it->second.set_finished_unix_ms(NowUnixMs());
+    }
+    it->second.set_pin_until_unix_ms(0);  // a cancelled prefetch holds nothing
+    (void)store_->PutPrefetch(it->second);
+    *resp = it->second;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Unpin(grpc::ServerContext*, const rpc::UnpinRequest* req,
+                     rpc::UnpinResponse* resp) override {
+    if (req->dataset().empty() && req->prefetch_id().empty()) {
+      return ToGrpc(absl::InvalidArgumentError("name a dataset or a prefetch id to unpin"));
+    }
+    if (!req->dataset().empty()) {
+      auto ds = store_->GetDataset(req->dataset());
+      if (!ds.ok()) return ToGrpc(ds.status());
+    }
+    std::lock_guard lock(prefetch_mu_);
+    uint32_t n = 0;
+    for (auto& [id, job] : prefetches_) {
+      bool match = req->dataset().empty() ? id == req->prefetch_id()
+                                          : job.spec().dataset() == req->dataset();
+      if (match && job.pin_until_unix_ms() > 0) {
+        job.set_pin_until_unix_ms(0);
+        (void)store_->PutPrefetch(job);
+        n++;
+      }
+    }
+    if (!req->prefetch_id().empty() && !prefetches_.count(req->prefetch_id())) {
+      return ToGrpc(absl::NotFoundError(absl::StrCat("unknown prefetch '", req->prefetch_id(), "'")));
+    }
+    resp->set_unpinned(n);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportPrefetch(grpc::ServerContext*, const rpc::ReportPrefetchRequest* req,
+                              rpc::ReportPrefetchResponse*) override {
+    auto alive = AliveNodes();
+    std::lock_guard lock(prefetch_mu_);
+    auto it = prefetches_.find(req->job_id());
+    if (it == prefetches_.end()) {
+      return ToGrpc(absl::NotFoundError(absl::StrCat("unknown prefetch '", req->job_id(), "'")));
+    }
+    for (auto& n : *it->second.mutable_nodes()) {
+      if (n.node_id() == req->progress().node_id()) n = req->progress();
+    }
+    Settle(&it->second, alive);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Locality(grpc::ServerContext*, const rpc::LocalityRequest* req,
+                        rpc::LocalityResponse* resp) override {
+    return ToGrpc(DoLocality(*req, resp));
   }
 
   grpc::Status ListNodes(grpc::ServerContext*, const rpc::ListNodesRequest*,
@@ -549,8 +657,287 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return absl::OkStatus();
   }
 
+  // Nodes alive now.
+  std::set<std::string> AliveNodes() {
+    std::lock_guard lock(state_mu_);
+    std::set<std::string> out;
+    for (const auto& [id, e] : nodes_) {
+      if (Alive(e)) out.insert(id);
+    }
+    return out;
+  }
+
+  // REQUIRES: prefetch_mu_ held. Marks nodes that died mid-prefetch and finishes the job when
+  // every node is finished or dead.
+  void Settle(rpc::PrefetchJob* job, const std::set<std::string>& alive) {
+    if (job->state() != rpc::PrefetchJob::RUNNING) return;
+    bool all = true;
+    for (auto& n : *job->mutable_nodes()) {
+      if (!n.finished() && !alive.count(n.node_id())) {
+        n.set_finished(true);
+        n.set_note("node died before finishing");
+        n.set_blocks_failed(n.blocks_total() > n.blocks_done() ? n.blocks_total() - n.blocks_done()
+                                                               : 0);
+      }
+      all = all && n.finished();
+    }
+    if (all) {
+      job->set_state(rpc::PrefetchJob::DONE);
+      job->set_finished_unix_ms(NowUnixMs());
+      (void)store_->PutPrefetch(*job);
+      spdlog::info("meta: prefetch {} of {} done", job->id(), job->spec().dataset());
+    }
+  }
+
+  // Running jobs a node takes part in, plus recent ones so it can release their pins.
+  void JobsForNode(const std::string& node_id, rpc::HeartbeatResponse* resp) {
+    std::lock_guard lock(prefetch_mu_);
+    int64_t now = NowUnixMs();
+    for (const auto& [id, job] : prefetches_) {
+      bool member = false;
+      for (const auto& n : job.spec().nodes()) member |= n == node_id;
+      bool recent = job.finished_unix_ms() == 0 || now - job.finished_unix_ms() < 600'000;
+      if (member && (job.state() == rpc::PrefetchJob::RUNNING || job.pin_until_unix_ms() > now ||
+                     recent)) {
+        *resp->add_prefetches() = job;
+      }
+    }
+  }
+
+  struct Selection {
+    uint64_t bytes = 0;
+    uint64_t files = 0;
+  };
+
+  // Sums the files under the selected paths of a version. Returns: NotFound for a path that is
+  // not in the manifest, InvalidArgument for '..' or empty components.
+  absl::StatusOr<Selection> SelectPaths(const rpc::Dataset& ds, uint32_t version,
+                                        const std::vector<std::string>& raw) {
+    std::vector<std::string> paths;
+    for (std::string p : raw) {
+      while (!p.empty() && p.front() == '/') p.erase(0, 1);
+      while (!p.empty() && p.back() == '/') p.pop_back();
+      if (p.find("..") != std::string::npos || p.find("//") != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("path '", p, "' is not a plain path"));
+      }
+      paths.push_back(p);
+    }
+    std::vector<bool> seen(paths.size(), false);
+    std::unordered_map<uint64_t, std::string> dirs;
+    Selection sel;
+    absl::Status st = store_->ForEachEntry(ds.id(), version, [&](const rpc::FileEntry& e) {
+      auto parent = dirs.find(e.parent_id());
+      std::string path = parent == dirs.end() || parent->second.empty()
+                             ? e.name()
+                             : absl::StrCat(parent->second, "/", e.name());
+      if (e.type() == rpc::FileEntry::DIR) dirs[e.file_id()] = path;
+      bool in = paths.empty();
+      for (size_t i = 0; i < paths.size(); i++) {
+        if (path == paths[i]) seen[i] = true;
+        if (paths[i].empty() || path == paths[i] ||
+            (path.size() > paths[i].size() && path.compare(0, paths[i].size(), paths[i]) == 0 &&
+             path[paths[i].size()] == '/')) {
+          in = true;
+        }
+      }
+      if (in && e.type() == rpc::FileEntry::FILE) {
+        sel.bytes += e.size();
+        sel.files++;
+      }
+      return true;
+    });
+    RETURN_IF_ERROR(st);
+    for (size_t i = 0; i < paths.size(); i++) {
+      if (!seen[i] && !paths[i].empty()) {
+        return absl::NotFoundError(absl::StrCat("no path '", paths[i], "' in dataset '",
+                                                ds.name(), "' version ", version));
+      }
+    }
+    return sel;
+  }
+
+  absl::Status DoStartPrefetch(const rpc::PrefetchSpec& in, rpc::PrefetchJob* out) {
+    ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(in.dataset()));
+    uint32_t version = in.version() == 0 ? ds.latest_version() : in.version();
+    bool has = false;
+    for (const auto& v : ds.versions()) has |= v.version() == version;
+    if (!has) {
+      return absl::NotFoundError(absl::StrCat("dataset '", ds.name(), "' has no version ", version));
+    }
+    // Chosen nodes: named ones must be known and alive.
+    std::vector<std::string> nodes;
+    std::map<std::string, rpc::Node> info;
+    {
+      std::lock_guard lock(state_mu_);
+      if (in.all_nodes() || in.nodes().empty()) {
+        for (const auto& [id, e] : nodes_) {
+          if (Alive(e)) nodes.push_back(id);
+        }
+      } else {
+        for (const auto& id : in.nodes()) {
+          auto it = nodes_.find(id);
+          if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("unknown node '", id, "'"));
+          if (!Alive(it->second)) {
+            return absl::FailedPreconditionError(absl::StrCat("node '", id, "' is dead"));
+          }
+          nodes.push_back(id);
+        }
+      }
+      for (const auto& id : nodes) info[id] = nodes_[id].node;
+    }
+    std::sort(nodes.begin(), nodes.end());
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    if (nodes.empty()) return absl::FailedPreconditionError("no live nodes to prefetch to");
+    uint32_t replicas = in.mode() == rpc::PrefetchSpec::STRIPE ? in.replicas() : nodes.size();
+    if (in.mode() == rpc::PrefetchSpec::STRIPE &&
+        (replicas == 0 || replicas > nodes.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("--replicas ", in.replicas(),
+                                                     " must be between 1 and the ", nodes.size(),
+                                                     " chosen node(s)"));
+    }
+    ASSIGN_OR_RETURN(Selection sel,
+                     SelectPaths(ds, version, {in.paths().begin(), in.paths().end()}));
+    // A pin must fit before any work starts.
+    if (in.pin_ms() > 0) {
+      uint64_t per_node = in.mode() == rpc::PrefetchSpec::FULL
+                              ? sel.bytes
+                              : (sel.bytes * replicas + nodes.size() - 1) / nodes.size() +
+                                    ds.block_size();
+      for (const auto& id : nodes) {
+        const rpc::Node& n = info[id];
+        uint64_t pinned = n.stats().pinned_bytes();
+        uint64_t room = n.capacity_bytes() > pinned ? n.capacity_bytes() - pinned : 0;
+        if (per_node > room) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "cannot pin: node '", id, "' would need ", per_node, " bytes pinned but has room for ",
+              room, " (capacity ", n.capacity_bytes(), ", already pinned ", pinned, ")"));
+        }
+      }
+    }
+    rpc::PrefetchJob job;
+    {
+      std::lock_guard lock(prefetch_mu_);
+      job.set_id(absl::StrCat("pf-", next_prefetch_++));
+    }
+    *job.mutable_spec() = in;
+    job.mutable_spec()->set_version(version);
+    job.mutable_spec()->clear_nodes();
+    for (const auto& id : nodes) job.mutable_spec()->add_nodes(id);
+    job.mutable_spec()->set_replicas(replicas);
+    job.set_dataset_id(ds.id());
+    job.set_state(rpc::PrefetchJob::RUNNING);
+    job.set_created_unix_ms(NowUnixMs());
+    if (in.pin_ms() > 0) job.set_pin_until_unix_ms(NowUnixMs() + static_cast<int64_t>(in.pin_ms()));
+    job.set_dataset_bytes(sel.bytes);
+    job.set_dataset_files(sel.files);
+    for (const auto& id : nodes) job.add_nodes()->set_node_id(id);
+    RETURN_IF_ERROR(store_->PutPrefetch(job));
+    {
+      std::lock_guard lock(prefetch_mu_);
+      prefetches_[job.id()] = job;
+    }
+    spdlog::info("meta: prefetch {} of {} version {} to {} node(s), {} bytes", job.id(),
+                 ds.name(), version, nodes.size(), sel.bytes);
+    *out = job;
+    return absl::OkStatus();
+  }
+
+  // File sizes of a version, by file id, loaded once.
+  absl::StatusOr<std::shared_ptr<const std::vector<uint64_t>>> FileSizes(uint32_t ds,
+                                                                        uint32_t version) {
+    std::lock_guard lock(sizes_mu_);
+    auto it = sizes_.find({ds, version});
+    if (it != sizes_.end()) return it->second;
+    auto sizes = std::make_shared<std::vector<uint64_t>>();
+    RETURN_IF_ERROR(store_->ForEachEntry(ds, version, [&](const rpc::FileEntry& e) {
+      if (sizes->size() <= e.file_id()) sizes->resize(e.file_id() + 1, 0);
+      (*sizes)[e.file_id()] = e.type() == rpc::FileEntry::FILE ? e.size() : 0;
+      return true;
+    }));
+    sizes_[{ds, version}] = sizes;
+    return std::shared_ptr<const std::vector<uint64_t>>(sizes);
+  }
+
+  absl::Status DoLocality(const rpc::LocalityRequest& req, rpc::LocalityResponse* resp) {
+    ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(req.dataset()));
+    uint32_t version = req.version() == 0 ? ds.latest_version() : req.version();
+    bool has = false;
+    for (const auto& v : ds.versions()) has |= v.version() == version;
+    if (!has) {
+      return absl::NotFoundError(absl::StrCat("dataset '", ds.name(), "' has no version ", version));
+    }
+    ASSIGN_OR_RETURN(auto sizes, FileSizes(ds.id(), version));
+    const uint64_t bs = ds.block_size();
+    uint64_t total_bytes = 0, total_blocks = 0;
+    for (uint64_t sz : *sizes) {
+      total_bytes += sz;
+      total_blocks += (sz + bs - 1) / bs;
+    }
+    resp->set_dataset(ds.name());
+    resp->set_version(version);
+    resp->set_dataset_bytes(total_bytes);
+    resp->set_dataset_blocks(total_blocks);
+    auto block_len = [&](uint64_t file, uint64_t index) -> uint64_t {
+      uint64_t sz = file < sizes->size() ? (*sizes)[file] : 0;
+      if (index * bs >= sz) return 0;
+      return std::min(bs, sz - index * bs);
+    };
+    std::lock_guard lock(state_mu_);
+    std::map<std::string, rpc::NodeLocality> per_node;
+    for (const auto& [id, e] : nodes_) {
+      rpc::NodeLocality& n = per_node[id];
+      n.set_node_id(id);
+      n.set_address(e.node.address());
+      n.set_state(Alive(e) ? rpc::Node::ALIVE : rpc::Node::DEAD);
+      for (const auto& [k, v] : e.node.labels()) (*n.mutable_labels())[k] = v;
+      auto pin = e.node.stats().pinned_bytes_by_dataset().find(ds.id());
+      if (pin != e.node.stats().pinned_bytes_by_dataset().end()) n.set_pinned_bytes(pin->second);
+    }
+    std::vector<uint64_t> histogram(1, 0);
+    uint64_t anywhere_bytes = 0, anywhere_blocks = 0;
+    auto begin = locations_.lower_bound(FileKey{ds.id(), version, 0});
+    for (auto it = begin; it != locations_.end() && it->first.dataset_id == ds.id() &&
+                          it->first.version == version;
+         ++it) {
+      const uint64_t file = it->first.file_id;
+      std::map<uint64_t, int> holders;  // block -> live holders
+      for (const auto& [node, bitmap] : it->second) {
+        auto pn = per_node.find(node);
+        bool live = pn != per_node.end() && pn->second.state() == rpc::Node::ALIVE;
+        for (uint64_t i = 0; i < bitmap.size() * 8; i++) {
+          if (!TestBit(bitmap, i) || block_len(file, i) == 0) continue;
+          if (pn != per_node.end()) {
+            pn->second.set_resident_bytes(pn->second.resident_bytes() + block_len(file, i));
+            pn->second.set_resident_blocks(pn->second.resident_blocks() + 1);
+          }
+          if (live) holders[i]++;
+        }
+      }
+      for (const auto& [i, k] : holders) {
+        if (histogram.size() <= static_cast<size_t>(k)) histogram.resize(k + 1, 0);
+        histogram[k]++;
+        anywhere_blocks++;
+        anywhere_bytes += block_len(file, i);
+      }
+    }
+    histogram[0] = total_blocks - anywhere_blocks;
+    for (auto& [id, n] : per_node) {
+      n.set_fraction(total_bytes == 0 ? 0 : static_cast<double>(n.resident_bytes()) / total_bytes);
+      *resp->add_nodes() = n;
+    }
+    resp->set_resident_anywhere_bytes(anywhere_bytes);
+    resp->set_resident_anywhere_blocks(anywhere_blocks);
+    for (uint64_t h : histogram) resp->add_replicas_histogram(h);
+    return absl::OkStatus();
+  }
+
   std::unique_ptr<MetaStore> store_;
   MetaOptions options_;
+  std::mutex prefetch_mu_;  // after state_mu_ when both are held
+  std::map<std::string, rpc::PrefetchJob> prefetches_;  // GUARDED_BY(prefetch_mu_)
+  uint64_t next_prefetch_ = 1;
+  std::mutex sizes_mu_;
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const std::vector<uint64_t>>> sizes_;
   std::mutex datasets_mu_;  // serializes dataset add / refresh / remove
   std::mutex checksum_mu_;  // serializes checksum check-and-set
   std::mutex state_mu_;     // guards nodes_, locations_, node_files_

@@ -299,6 +299,24 @@ absl::StatusOr<std::vector<rpc::Node>> MetaStore::ListNodes() {
   return out;
 }
 
+absl::Status MetaStore::PutPrefetch(const rpc::PrefetchJob& job) {
+  return FromRocks(db_->Put(Synced(), "prefetch/" + job.id(), job.SerializeAsString()),
+                   "write prefetch");
+}
+
+absl::StatusOr<std::vector<rpc::PrefetchJob>> MetaStore::ListPrefetches() {
+  std::vector<rpc::PrefetchJob> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("prefetch/"); it->Valid() && it->key().starts_with("prefetch/"); it->Next()) {
+    rpc::PrefetchJob j;
+    if (j.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      out.push_back(std::move(j));
+    }
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list prefetches"));
+  return out;
+}
+
 absl::Status MetaStore::PutLocation(const FileKey& key, const std::string& node_id,
                                     const std::string& bitmap) {
   std::string k = FileKeyBytes(key.dataset_id, key.version, key.file_id);

@@ -80,6 +80,10 @@ class MetaStore {
   absl::Status PutNode(const rpc::Node& node);  // synced
   absl::StatusOr<std::vector<rpc::Node>> ListNodes();
 
+  // ---- prefetch jobs (default column family, key "prefetch/<id>") ----
+  absl::Status PutPrefetch(const rpc::PrefetchJob& job);
+  absl::StatusOr<std::vector<rpc::PrefetchJob>> ListPrefetches();
+
   // ---- locations ----
   struct FileKey {
     uint32_t dataset_id = 0;

@@ -18,7 +18,8 @@ namespace ember::tools {
 void AddMetaCommand(CLI::App& app);
 void AddDatasetCommand(CLI::App& app);
 void AddStatusCommand(CLI::App& app);
-void AddNodeCommands(CLI::App& app);  // node, up
+void AddNodeCommands(CLI::App& app);      // node, up
+void AddPrefetchCommands(CLI::App& app);  // prefetch, unpin, locality
 
 // Prints "ember: <message>" to stderr and exits with code 1.
 [[noreturn]] void Fail(const absl::Status& status);

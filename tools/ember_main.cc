@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   ember::tools::AddDatasetCommand(app);
   ember::tools::AddStatusCommand(app);
   ember::tools::AddNodeCommands(app);
+  ember::tools::AddPrefetchCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

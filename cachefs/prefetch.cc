@@ -1,0 +1,272 @@
+#include "cachefs/prefetch.h"
+
+#include <spdlog/spdlog.h>
+
+#include <deque>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "cachefs/dataset_fs.h"
+
+namespace ember::cachefs {
+namespace {
+
+constexpr int kWorkers = 2;
+constexpr size_t kMaxFailures = 20;
+constexpr auto kReportEvery = std::chrono::milliseconds(500);
+constexpr auto kRetryDelay = std::chrono::milliseconds(150);
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool Under(const std::string& path, const std::string& sel) {
+  return sel.empty() || path == sel ||
+         (path.size() > sel.size() && path.compare(0, sel.size(), sel) == 0 &&
+          path[sel.size()] == '/');
+}
+
+}  // namespace
+
+void RateLimiter::Acquire(uint64_t bytes) {
+  if (rate_ == 0) return;
+  std::unique_lock lock(mu_);
+  while (true) {
+    auto now = std::chrono::steady_clock::now();
+    available_ = std::min<double>(static_cast<double>(rate_),  // at most one second of burst
+                                  available_ + std::chrono::duration<double>(now - last_).count() *
+                                                   static_cast<double>(rate_));
+    last_ = now;
+    if (available_ >= static_cast<double>(bytes) ||
+        (available_ >= static_cast<double>(rate_) - 1)) {
+      available_ -= static_cast<double>(bytes);  // a block larger than a second's worth: debt
+      return;
+    }
+    double wait = (static_cast<double>(bytes) - available_) / static_cast<double>(rate_);
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.5)));
+    lock.lock();
+  }
+}
+
+PrefetchRunner::PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path,
+                               BlockCache* cache, meta::MetaClient* meta)
+    : node_id_(node_id), ns_(ns), read_path_(read_path), cache_(cache), meta_(meta) {}
+
+PrefetchRunner::~PrefetchRunner() {
+  std::lock_guard lock(mu_);
+  for (auto& [id, r] : jobs_) r->cancel = true;
+  for (auto& [id, r] : jobs_) {
+    if (r->thread.joinable()) r->thread.join();
+  }
+}
+
+void PrefetchRunner::Update(const std::vector<rpc::PrefetchJob>& jobs) {
+  std::lock_guard lock(mu_);
+  for (const auto& job : jobs) {
+    auto it = jobs_.find(job.id());
+    if (it == jobs_.end()) {
+      auto r = std::make_unique<Running>();
+      r->job = job;
+      Running* raw = r.get();
+      jobs_[job.id()] = std::move(r);
+      if (job.state() == rpc::PrefetchJob::RUNNING) {
+        bool finished = false;
+        for (const auto& n : job.nodes()) finished |= n.node_id() == node_id_ && n.finished();
+        if (!finished) raw->thread = std::thread([this, raw] { Run(raw); });
+      }
+      continue;
+    }
+    Running* r = it->second.get();
+    if (job.state() == rpc::PrefetchJob::CANCELLED) r->cancel = true;
+    // Released or expired pins: let the blocks go.
+    if (r->pinned_until != 0 && job.pin_until_unix_ms() != r->pinned_until) {
+      r->job.set_pin_until_unix_ms(job.pin_until_unix_ms());
+      if (r->finished) {
+        ApplyPin(job, job.pin_until_unix_ms());
+        r->pinned_until = job.pin_until_unix_ms();
+      }
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const DatasetView>> PrefetchRunner::Plan(
+    const rpc::PrefetchJob& job, std::vector<Block>* mine, std::vector<uint64_t>* files) {
+  const auto& spec = job.spec();
+  auto view = ns_->ViewByName(absl::StrCat(spec.dataset(), "@", spec.version()));
+  if (!view.ok()) return view.status();
+  std::vector<std::string> paths;
+  for (std::string p : spec.paths()) {
+    while (!p.empty() && p.front() == '/') p.erase(0, 1);
+    while (!p.empty() && p.back() == '/') p.pop_back();
+    paths.push_back(p);
+  }
+  int n = spec.nodes_size(), k = -1;
+  for (int i = 0; i < n; i++) {
+    if (spec.nodes(i) == node_id_) k = i;
+  }
+  if (k < 0) return absl::NotFoundError("this node is not part of the prefetch");
+  const uint32_t replicas = spec.mode() == rpc::PrefetchSpec::STRIPE ? spec.replicas() : n;
+  const uint64_t bs = (*view)->block_size;
+  uint64_t ordinal = 0;
+  for (uint64_t id = 1; id <= (*view)->nodes.size(); id++) {
+    const FsNode* node = (*view)->Get(id);
+    if (node->type != rpc::FileEntry::FILE) continue;
+    bool selected = paths.empty();
+    if (!selected) {
+      std::string path = (*view)->PathOf(id);
+      for (const auto& p : paths) selected |= Under(path, p);
+    }
+    if (!selected) continue;
+    bool any = false;
+    for (uint64_t i = 0; i * bs < node->size; i++, ordinal++) {
+      uint64_t offset_from_owner = (static_cast<uint64_t>(k) + n - ordinal % n) % n;
+      if (offset_from_owner < replicas) {
+        mine->push_back({id, i, ordinal});
+        any = true;
+      }
+    }
+    if (any) files->push_back(id);
+  }
+  return *view;
+}
+
+void PrefetchRunner::ApplyPin(const rpc::PrefetchJob& job, int64_t until) {
+  std::vector<Block> mine;
+  std::vector<uint64_t> files;
+  auto view = Plan(job, &mine, &files);
+  if (!view.ok()) return;
+  for (const auto& b : mine) {
+    cache_->SetPin({(*view)->dataset_id, (*view)->version, b.file_id, b.index}, until);
+  }
+}
+
+void PrefetchRunner::Run(Running* r) {
+  const rpc::PrefetchJob job = r->job;
+  const auto& spec = job.spec();
+  rpc::PrefetchNodeProgress progress;
+  progress.set_node_id(node_id_);
+  std::vector<Block> mine;
+  std::vector<uint64_t> files;
+  auto view = Plan(job, &mine, &files);
+  if (!view.ok()) {
+    progress.set_finished(true);
+    progress.set_note(absl::StrCat("cannot plan: ", view.status().message()));
+    (void)meta_->ReportPrefetch(job.id(), progress);
+    r->finished = true;
+    return;
+  }
+  const int n = spec.nodes_size();
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (spec.nodes(i) == node_id_) k = i;
+  }
+  RateLimiter limiter(spec.origin_rate() / std::max(1, n));
+  auto before_origin = [&](uint64_t bytes) { limiter.Acquire(bytes); };
+
+  std::map<uint64_t, FileRef> refs;
+  std::map<uint64_t, uint64_t> left_in_file;
+  for (const auto& b : mine) {
+    if (!refs.count(b.file_id)) refs[b.file_id] = MakeFileRef(**view, b.file_id);
+    left_in_file[b.file_id]++;
+    const auto& ref = refs[b.file_id];
+    progress.set_bytes_total(progress.bytes_total() +
+                             std::min(ref.block_size, ref.origin.size - b.index * ref.block_size));
+  }
+  progress.set_blocks_total(mine.size());
+  progress.set_files_total(files.size());
+  spdlog::info("prefetch {}: {} blocks of {} for this node", job.id(), mine.size(),
+               spec.dataset());
+
+  struct Item {
+    Block block;
+    std::chrono::steady_clock::time_point not_before, waiting_since;
+  };
+  std::mutex mu;  // guards queue and progress
+  std::deque<Item> queue;
+  auto start = std::chrono::steady_clock::now();
+  for (const auto& b : mine) queue.push_back({b, start, start});
+  const int64_t pin_until = job.pin_until_unix_ms();
+
+  auto worker = [&] {
+    while (!r->cancel) {
+      Item item;
+      {
+        std::lock_guard lock(mu);
+        if (queue.empty()) return;
+        item = queue.front();
+        queue.pop_front();
+      }
+      auto now = std::chrono::steady_clock::now();
+      if (item.not_before > now) std::this_thread::sleep_for(item.not_before - now);
+      const Block& b = item.block;
+      const FileRef& ref = refs[b.file_id];
+      bool owner = b.ordinal % n == static_cast<uint64_t>(k);
+      bool allow_origin =
+          owner || std::chrono::steady_clock::now() - item.waiting_since > kOwnerGrace;
+      auto src = read_path_->Prefetch(ref, b.index, allow_origin, before_origin);
+      uint64_t len = std::min(ref.block_size, ref.origin.size - b.index * ref.block_size);
+      std::lock_guard lock(mu);
+      if (!src.ok() && absl::IsNotFound(src.status()) && !allow_origin) {
+        item.not_before = std::chrono::steady_clock::now() + kRetryDelay;
+        queue.push_back(item);  // the owner has not delivered it yet
+        continue;
+      }
+      if (!src.ok()) {
+        progress.set_blocks_failed(progress.blocks_failed() + 1);
+        if (static_cast<size_t>(progress.failures_size()) < kMaxFailures) {
+          progress.add_failures(absl::StrCat(ref.origin.path, " (block ", b.index, "): ",
+                                             src.status().message()));
+        }
+      } else {
+        if (*src == ReadPath::Source::kOrigin) {
+          progress.set_bytes_from_origin(progress.bytes_from_origin() + len);
+        } else if (*src == ReadPath::Source::kPeer) {
+          progress.set_bytes_from_peers(progress.bytes_from_peers() + len);
+        }
+        if (pin_until > NowMs()) {
+          cache_->SetPin({ref.dataset_id, ref.version, ref.file_id, b.index}, pin_until);
+        }
+      }
+      progress.set_blocks_done(progress.blocks_done() + 1);
+      progress.set_bytes_done(progress.bytes_done() + len);
+      if (--left_in_file[b.file_id] == 0) progress.set_files_done(progress.files_done() + 1);
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int i = 0; i < kWorkers; i++) workers.emplace_back(worker);
+  // Report while working.
+  std::atomic<bool> done{false};
+  std::thread reporter([&] {
+    while (!done) {
+      std::this_thread::sleep_for(kReportEvery);
+      rpc::PrefetchNodeProgress snapshot;
+      {
+        std::lock_guard lock(mu);
+        snapshot = progress;
+      }
+      if (!done) (void)meta_->ReportPrefetch(job.id(), snapshot);
+    }
+  });
+  for (auto& w : workers) w.join();
+  done = true;
+  reporter.join();
+  {
+    std::lock_guard lock(mu);
+    progress.set_finished(true);
+    if (r->cancel) progress.set_note("cancelled");
+  }
+  r->pinned_until = pin_until;
+  r->finished = true;
+  for (int attempt = 0; attempt < 20; attempt++) {
+    if (meta_->ReportPrefetch(job.id(), progress).ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  spdlog::info("prefetch {}: finished here: {} of {} blocks, {} failed, {} bytes from origin, {} "
+               "from peers", job.id(), progress.blocks_done(), progress.blocks_total(),
+               progress.blocks_failed(), progress.bytes_from_origin(), progress.bytes_from_peers());
+}
+
+}  // namespace ember::cachefs

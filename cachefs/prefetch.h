@@ -1,0 +1,85 @@
+// PrefetchRunner: this node's share of cluster prefetches (`ember prefetch`).
+//
+// Meta hands every node the prefetch jobs it takes part in with each heartbeat; every node
+// computes the same block list from the job and the (immutable) manifest, and takes its part:
+//   full:   every chosen node gets every block;
+//   stripe: block g goes to nodes g % n, g+1 % n, ... (replicas of them).
+// Block g's origin read belongs to node g % n alone; the others get it from a peer that holds it
+// (peer-only fills, retried until it appears), so the cluster reads each block from the origin
+// once. Should the owner never deliver (it died), a waiting node reads the origin itself after a
+// grace period, so the prefetch still finishes. The cluster's --origin-rate is split evenly over
+// the nodes. Blocks are pinned until the job's pin expires or is released. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cachefs/block_cache.h"
+#include "cachefs/namespace.h"
+#include "cachefs/read_path.h"
+#include "meta/meta_client.h"
+
+namespace ember::cachefs {
+
+// A token bucket over bytes per second (0 = unlimited).
+class RateLimiter {
+ public:
+  explicit RateLimiter(uint64_t bytes_per_second) : rate_(bytes_per_second) {}
+  // Blocks until `bytes` may go.
+  void Acquire(uint64_t bytes);
+
+ private:
+  uint64_t rate_;
+  std::mutex mu_;
+  double available_ = 0;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+class PrefetchRunner {
+ public:
+  PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path,
+                 BlockCache* cache, meta::MetaClient* meta);
+  ~PrefetchRunner();
+
+  // The jobs meta listed for this node: starts new ones, stops cancelled ones, releases pins.
+  void Update(const std::vector<rpc::PrefetchJob>& jobs);
+
+  // How long a node waits for a block's owner before reading the origin itself.
+  static constexpr auto kOwnerGrace = std::chrono::seconds(15);
+
+ private:
+  struct Running {
+    rpc::PrefetchJob job;
+    std::atomic<bool> cancel{false};
+    std::atomic<bool> finished{false};
+    std::thread thread;
+    std::atomic<int64_t> pinned_until{0};  // what this node applied
+  };
+  struct Block {
+    uint64_t file_id = 0;
+    uint64_t index = 0;
+    uint64_t ordinal = 0;
+  };
+
+  void Run(Running* r);
+  // The job's selected files and this node's blocks of them.
+  absl::StatusOr<std::shared_ptr<const DatasetView>> Plan(const rpc::PrefetchJob& job,
+                                                          std::vector<Block>* mine,
+                                                          std::vector<uint64_t>* files);
+  void ApplyPin(const rpc::PrefetchJob& job, int64_t until);
+
+  std::string node_id_;
+  Namespace* ns_;
+  ReadPath* read_path_;
+  BlockCache* cache_;
+  meta::MetaClient* meta_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Running>> jobs_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace ember::cachefs

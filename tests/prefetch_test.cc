@@ -1,0 +1,273 @@
+// Prefetch and locality on a real cluster: `ember meta` plus three `ember node` processes, driven
+// through the `ember prefetch` / `ember locality` commands.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/testing.h"
+
+namespace ember {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::MetaProcess;
+using testing::NodeProcess;
+using testing::RunEmber;
+using testing::TempDir;
+using testing::WriteRandomFile;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+class PrefetchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "2s");
+    origin_ = dir_.Sub("origin");
+    fs::create_directories(origin_ + "/big");
+    fs::create_directories(origin_ + "/imgs");
+    for (int i = 0; i < 3; i++) {
+      WriteRandomFile(absl::StrCat(origin_, "/big/shard-", i), 8 * kMiB + 7 * i, 40 + i);
+    }
+    for (int i = 0; i < 30; i++) {
+      WriteRandomFile(absl::StrCat(origin_, "/imgs/", i, ".jpg"), 112 << 10, 70 + i);
+    }
+    for (auto& e : fs::recursive_directory_iterator(origin_)) {
+      if (!e.is_regular_file()) continue;
+      bytes_ += fs::file_size(e);
+      blocks_ += (fs::file_size(e) + 4 * kMiB - 1) / (4 * kMiB);
+    }
+    ASSERT_EQ(Ember({"dataset", "add", "ds", origin_}).exit_code, 0);
+  }
+
+  testing::RunResult Ember(std::vector<std::string> args) {
+    args.push_back("--meta");
+    args.push_back(meta_->address());
+    return RunEmber(args, {}, std::chrono::seconds(120));
+  }
+
+  void StartNodes(int count, const std::string& cache_size = "1GiB") {
+    for (int i = 0; i < count; i++) {
+      NodeProcess::Options o;
+      o.id = absl::StrCat("n", i + 1);
+      o.listen_host = absl::StrCat("127.0.0.", i + 2);
+      o.cache_size = cache_size;
+      nodes_.push_back(std::make_unique<NodeProcess>(dir_.Sub(o.id), meta_->address(), o));
+      ASSERT_TRUE(nodes_.back()->Start());
+    }
+    // Registered and alive.
+    ASSERT_TRUE(testing::WaitFor([&] {
+      auto n = meta_->client().ListNodes();
+      return n.ok() && static_cast<int>(n->size()) == count;
+    }));
+  }
+
+  json Locality() {
+    auto r = Ember({"locality", "ds", "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return json::parse(r.out);
+  }
+
+  // Locations reach meta with the next report: wait until locality stops changing.
+  json SettledLocality() {
+    json prev;
+    for (int i = 0; i < 20; i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      json l = Locality();
+      if (i > 0 && l == prev) return l;
+      prev = l;
+    }
+    return prev;
+  }
+
+  // Bytes actually on a node's disk in its cache files (holes not counted).
+  static uint64_t OnDisk(NodeProcess& n) {
+    uint64_t total = 0;
+    if (!fs::exists(n.cache_dir() + "/blocks")) return 0;
+    for (auto& e : fs::recursive_directory_iterator(n.cache_dir() + "/blocks")) {
+      struct stat st;
+      if (e.is_regular_file() && stat(e.path().c_str(), &st) == 0) total += st.st_blocks * 512;
+    }
+    return total;
+  }
+
+  json Job(const std::string& id) {
+    auto r = Ember({"prefetch", "ls", "--json"});
+    for (auto& j : json::parse(r.out)) {
+      if (j["id"] == id) return j;
+    }
+    return nullptr;
+  }
+
+  TempDir dir_;
+  std::string origin_;
+  uint64_t bytes_ = 0, blocks_ = 0;
+  std::unique_ptr<MetaProcess> meta_;
+  std::vector<std::unique_ptr<NodeProcess>> nodes_;
+};
+
+TEST_F(PrefetchTest, FullModeWarmsEveryNodeReadingTheOriginOnce) {
+  StartNodes(3);
+  auto r = Ember({"prefetch", "ds", "--mode", "full", "--all"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("done"), std::string::npos) << r.out;
+  // Origin read once per block for the whole cluster.
+  uint64_t origin_reads = 0, origin_bytes = 0;
+  for (auto& n : nodes_) {
+    auto s = n->Stats(meta_->client());
+    origin_reads += s.origin_block_reads();
+    origin_bytes += s.bytes_from_origin();
+  }
+  EXPECT_EQ(origin_reads, blocks_);
+  EXPECT_EQ(origin_bytes, bytes_);
+  json l = SettledLocality();
+  EXPECT_EQ(l["dataset_bytes"], bytes_);
+  ASSERT_EQ(l["nodes"].size(), 3u);
+  for (auto& n : l["nodes"]) {
+    EXPECT_EQ(n["resident_bytes"], bytes_) << n;
+    EXPECT_DOUBLE_EQ(n["fraction"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(l["replicas_histogram"][3], blocks_);
+  // Locality matches what the nodes hold on disk (within filesystem block rounding).
+  for (auto& n : nodes_) {
+    uint64_t disk = OnDisk(*n);
+    EXPECT_GE(disk, bytes_);
+    EXPECT_LE(disk, bytes_ + blocks_ * 4096);
+  }
+  // Running it again skips what is resident: no origin or peer traffic.
+  r = Ember({"prefetch", "ds", "--mode", "full"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(origin 0 B, peers 0 B)"), std::string::npos) << r.out;
+}
+
+TEST_F(PrefetchTest, StripeModeSpreadsReplicas) {
+  StartNodes(3);
+  auto r = Ember({"prefetch", "ds", "--mode", "stripe", "--replicas", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  json l = SettledLocality();
+  EXPECT_EQ(l["resident_anywhere_bytes"], bytes_);  // the union is complete
+  EXPECT_EQ(l["replicas_histogram"][0], 0);
+  EXPECT_EQ(l["replicas_histogram"][1], blocks_);  // each block on exactly one node
+  uint64_t sum = 0, most = 0, least = ~0ull;
+  for (auto& n : l["nodes"]) {
+    uint64_t b = n["resident_blocks"];
+    sum += n["resident_bytes"].get<uint64_t>();
+    most = std::max(most, b);
+    least = std::min(least, b);
+  }
+  EXPECT_EQ(sum, bytes_);
+  EXPECT_LE(most - least, 1u);  // spread evenly
+  // Two replicas: every block on two distinct nodes.
+  r = Ember({"prefetch", "ds", "--mode", "stripe", "--replicas", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  l = SettledLocality();
+  EXPECT_EQ(l["replicas_histogram"][2], blocks_);
+  // The second replica of every block came from a peer: the origin was read once per block.
+  uint64_t origin_reads = 0;
+  for (auto& n : nodes_) origin_reads += n->Stats(meta_->client()).origin_block_reads();
+  EXPECT_EQ(origin_reads, blocks_);
+}
+
+TEST_F(PrefetchTest, PinsAreReportedAndReleased) {
+  StartNodes(2, "64MiB");
+  // A pin that cannot fit fails before any work starts.
+  fs::create_directories(origin_ + "/huge");
+  WriteRandomFile(origin_ + "/huge/blob", 70 * kMiB, 5);
+  ASSERT_EQ(Ember({"dataset", "add", "huge", origin_ + "/huge"}).exit_code, 0);
+  auto r = Ember({"prefetch", "huge", "--pin", "1h"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("cannot pin"), std::string::npos) << r.err;
+  json ls = json::parse(Ember({"prefetch", "ls", "--json"}).out);
+  EXPECT_TRUE(ls.empty());
+  // A pin that fits: reported per node, then released.
+  r = Ember({"prefetch", "ds", "big", "--pin", "1h"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("pinned until"), std::string::npos);
+  uint64_t big = 3 * 8 * kMiB + 21;
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        json l = Locality();
+        for (auto& n : l["nodes"]) {
+          if (n["pinned_bytes"] != big) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(15)));
+  r = Ember({"unpin", "ds"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("released 1 pin"), std::string::npos);
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        json l = Locality();
+        for (auto& n : l["nodes"]) {
+          if (n["pinned_bytes"] != 0) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(15)));
+}
+
+TEST_F(PrefetchTest, NodeDyingMidPrefetchIsReportedAndOthersFinish) {
+  StartNodes(3);
+  // Slow the origin down so the prefetch is still running when a node dies.
+  auto r = Ember({"prefetch", "ds", "--origin-rate", "6MiB", "--detach"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string id = r.out.substr(9, r.out.find(':') - 9);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  nodes_[2]->Kill(SIGKILL);
+  json job;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        job = Job(id);
+        return !job.is_null() && job["state"] != "running";
+      },
+      std::chrono::seconds(90)));
+  auto status = Ember({"prefetch", "status", id});
+  EXPECT_NE(status.exit_code, 0);  // something failed, and it says exactly what
+  EXPECT_NE(status.out.find("node n3: node died before finishing"), std::string::npos)
+      << status.out;
+  EXPECT_EQ(status.out.find("node n1:"), std::string::npos) << status.out;
+  EXPECT_EQ(status.out.find("node n2:"), std::string::npos) << status.out;
+  // The survivors hold everything.
+  json l = SettledLocality();
+  for (auto& n : l["nodes"]) {
+    if (n["id"] != "n3") EXPECT_EQ(n["resident_bytes"], bytes_) << n;
+  }
+}
+
+TEST_F(PrefetchTest, BadInputGetsClearErrors) {
+  StartNodes(2);
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {{"prefetch", "nope"}, "unknown dataset 'nope'"},
+      {{"prefetch", "ds", "imgs/missing.jpg"}, "no path 'imgs/missing.jpg'"},
+      {{"prefetch", "ds", "--mode", "stripe", "--replicas", "3"}, "--replicas 3"},
+      {{"prefetch", "ds", "--mode", "mirror"}, "--mode 'mirror'"},
+      {{"prefetch", "ds", "--pin", "10 parsecs"}, "invalid duration"},
+      {{"prefetch", "ds", "--origin-rate", "fast"}, "invalid size 'fast'"},
+      {{"prefetch", "ds", "--nodes", "n1,ghost"}, "unknown node 'ghost'"},
+      {{"prefetch", "status", "pf-99"}, "unknown prefetch 'pf-99'"},
+      {{"locality", "nope"}, "unknown dataset 'nope'"},
+  };
+  for (const auto& c : cases) {
+    auto r = Ember(c.args);
+    EXPECT_EQ(r.exit_code, 1) << c.says;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << "want '" << c.says << "' in: " << r.err;
+  }
+  json ls = json::parse(Ember({"prefetch", "ls", "--json"}).out);
+  EXPECT_TRUE(ls.empty());
+}
+
+}  // namespace
+}  // namespace ember
