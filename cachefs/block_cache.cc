@@ -261,8 +261,8 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
       std::vector<std::map<BlockAddr, Entry>::iterator> victims;
       uint64_t freed = 0;
       uint32_t victim_max = 0;
-      for (auto r = lru_.rbegin(); r != lru_.rend() && used_ + len - freed > options_.capacity_bytes;
-           ++r) {
+      for (auto r = lru_.rbegin();
+           r != lru_.rend() && used_ + len - freed > options_.capacity_bytes; ++r) {
         auto v = blocks_.find(*r);
         if (v == blocks_.end() || v->second.pins > 0 || v->second.writing || v->second.doomed ||
             v->second.pinned_until_ms > now_ms) {
@@ -338,8 +338,10 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
     not_admitted_++;
     if (err == ENOSPC || err == EDQUOT) {
       if (!disk_full_logged_) {
-        spdlog::error("cache: disk full under {}; serving reads without caching until space "
-                      "returns", options_.dir);
+        spdlog::error(
+            "cache: disk full under {}; serving reads without caching until space "
+            "returns",
+            options_.dir);
         disk_full_logged_ = true;
       }
       return InsertResult::kNoSpace;

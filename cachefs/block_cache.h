@@ -54,7 +54,7 @@ class BlockCache {
     uint64_t offset = 0;
     uint32_t length = 0;
     uint64_t checksum = 0;
-    bool verified = false;  // checked against its checksum since this agent started
+    bool verified = false;    // checked against its checksum since this agent started
     uint64_t generation = 0;  // which stored copy of the block this is
   };
   using PinPtr = std::shared_ptr<const Pin>;
@@ -93,7 +93,7 @@ class BlockCache {
   // Every file with resident blocks and its bitmap (bit i = block i), for a full report.
   void ForEachResidentFile(
       const std::function<void(uint32_t dataset_id, uint32_t version, uint64_t file_id,
-                                const std::string& bitmap)>& fn);
+                               const std::string& bitmap)>& fn);
 
   std::string FilePath(const BlockAddr& addr) const;
 

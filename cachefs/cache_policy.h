@@ -7,8 +7,8 @@
 // would evict. Under a cyclic scan all blocks are equally frequent, so the resident set stays
 // put and every epoch after the first hits on cache/dataset of its reads (2/3 for a dataset 1.5x
 // the cache), instead of 0. A block must be asked for at least two more times than its victims
-// to displace them (see Admit). Frequencies age (halve) so a dataset that stops being read gives way
-// to one that is read now. Not thread-safe: the owner (BlockCache) serializes calls.
+// to displace them (see Admit). Frequencies age (halve) so a dataset that stops being read gives
+// way to one that is read now. Not thread-safe: the owner (BlockCache) serializes calls.
 #pragma once
 
 #include <cstdint>

@@ -27,7 +27,7 @@ Attr DatasetFs::AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& 
   a.ino = MakeIno(view.dataset_id, view.view, file_id);
   a.mode = node.mode;
   if (file_id == 1) a.mode = (a.mode & ~07222u);  // the dataset root is read-only too
-  a.mode &= ~0222u;                                // nothing in a dataset is writable
+  a.mode &= ~0222u;                               // nothing in a dataset is writable
   a.size = node.size;
   a.nlink = node.type == rpc::FileEntry::DIR ? 2 : 1;
   a.uid = node.uid;
@@ -74,10 +74,9 @@ absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name
   if (!r.ok()) return r.status();
   const auto& [view, dir] = *r;
   if (dir->type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
-  auto it = std::lower_bound(dir->children.begin(), dir->children.end(), name,
-                             [&](uint64_t id, const std::string& n) {
-                               return view->Get(id)->name < n;
-                             });
+  auto it =
+      std::lower_bound(dir->children.begin(), dir->children.end(), name,
+                       [&](uint64_t id, const std::string& n) { return view->Get(id)->name < n; });
   if (it == dir->children.end() || view->Get(*it)->name != name) {
     return absl::NotFoundError(absl::StrCat("no entry '", name, "'"));
   }

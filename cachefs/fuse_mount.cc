@@ -280,13 +280,15 @@ absl::Status PrepareMountpoint(const std::string& mountpoint) {
   struct stat st;
   if (stat(mountpoint.c_str(), &st) != 0) {
     if (errno == ENOTCONN || errno == ECONNABORTED) {
-      spdlog::warn("mount: {} is a stale FUSE mount (Transport endpoint is not connected); "
-                   "unmounting it", mountpoint);
+      spdlog::warn(
+          "mount: {} is a stale FUSE mount (Transport endpoint is not connected); "
+          "unmounting it",
+          mountpoint);
       LazyUnmount(mountpoint);
       if (stat(mountpoint.c_str(), &st) != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "mountpoint ", mountpoint, " is a stale mount that could not be removed: ",
-            strerror(errno)));
+        return absl::FailedPreconditionError(
+            absl::StrCat("mountpoint ", mountpoint,
+                         " is a stale mount that could not be removed: ", strerror(errno)));
       }
     } else if (errno == ENOENT) {
       return absl::NotFoundError(absl::StrCat("mountpoint ", mountpoint, " does not exist"));
@@ -303,13 +305,15 @@ absl::Status PrepareMountpoint(const std::string& mountpoint) {
     // stat() may be answered from cached attributes; statfs always asks the file system.
     struct statvfs vfs;
     if (statvfs(mountpoint.c_str(), &vfs) != 0 && (errno == ENOTCONN || errno == ECONNABORTED)) {
-      spdlog::warn("mount: {} is a stale FUSE mount (Transport endpoint is not connected); "
-                   "unmounting it", mountpoint);
+      spdlog::warn(
+          "mount: {} is a stale FUSE mount (Transport endpoint is not connected); "
+          "unmounting it",
+          mountpoint);
       LazyUnmount(mountpoint);
     }
     if (IsMountpoint(mountpoint)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "mountpoint ", mountpoint, " is busy: something is already mounted there"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("mountpoint ", mountpoint, " is busy: something is already mounted there"));
     }
   }
   return absl::OkStatus();
@@ -334,7 +338,8 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
   m->fs_ = fs;
   m->mountpoint_ = mp;
   m->options_ = options;
-  std::vector<std::string> args = {"ember", "-o", "ro,default_permissions,fsname=ember,subtype=ember"};
+  std::vector<std::string> args = {"ember", "-o",
+                                   "ro,default_permissions,fsname=ember,subtype=ember"};
   if (options.allow_other) {
     args.push_back("-o");
     args.push_back("allow_other");

@@ -95,7 +95,7 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::ViewByIno(uint64_t
 }
 
 absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Dataset& ds,
-                                                                  uint32_t view) {
+                                                                   uint32_t view) {
   std::lock_guard load_lock(load_mu_);
   {
     std::shared_lock lock(views_mu_);
@@ -113,27 +113,28 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
     if (info.version() == v->version) v->nodes.reserve(info.max_file_id());
   }
   bool dense = true;
-  absl::Status st = meta_->ForEachManifestEntry(ds.name(), v->version, [&](const rpc::FileEntry& e) {
-    if (e.file_id() != v->nodes.size() + 1) {
-      dense = false;
-      return;
-    }
-    FsNode n;
-    n.parent = e.parent_id();
-    n.name = e.name();
-    n.type = static_cast<uint8_t>(e.type());
-    n.size = e.size();
-    n.mode = e.mode();
-    n.uid = e.uid();
-    n.gid = e.gid();
-    n.mtime_ns = e.mtime_ns();
-    n.link_target = e.link_target();
-    v->nodes.push_back(std::move(n));
-    // Pre-order with sorted children: appending keeps each child list sorted.
-    if (e.parent_id() != 0 && e.parent_id() <= v->nodes.size()) {
-      v->nodes[e.parent_id() - 1].children.push_back(e.file_id());
-    }
-  });
+  absl::Status st =
+      meta_->ForEachManifestEntry(ds.name(), v->version, [&](const rpc::FileEntry& e) {
+        if (e.file_id() != v->nodes.size() + 1) {
+          dense = false;
+          return;
+        }
+        FsNode n;
+        n.parent = e.parent_id();
+        n.name = e.name();
+        n.type = static_cast<uint8_t>(e.type());
+        n.size = e.size();
+        n.mode = e.mode();
+        n.uid = e.uid();
+        n.gid = e.gid();
+        n.mtime_ns = e.mtime_ns();
+        n.link_target = e.link_target();
+        v->nodes.push_back(std::move(n));
+        // Pre-order with sorted children: appending keeps each child list sorted.
+        if (e.parent_id() != 0 && e.parent_id() <= v->nodes.size()) {
+          v->nodes[e.parent_id() - 1].children.push_back(e.file_id());
+        }
+      });
   if (!st.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot load manifest of ", ds.name(), " version ",
                                                v->version, ": ", st.message()));

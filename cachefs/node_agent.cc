@@ -68,9 +68,10 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
     uint64_t used = a->cache_->GetStats().used_bytes;
     if (options.cache_bytes > avail + used) {
-      spdlog::warn("node: --cache-size {} is larger than the free space of {} ({} free); reads "
-                   "will be served without caching when the disk fills",
-                   FormatBytes(options.cache_bytes), options.cache_dir, FormatBytes(avail));
+      spdlog::warn(
+          "node: --cache-size {} is larger than the free space of {} ({} free); reads "
+          "will be served without caching when the disk fills",
+          FormatBytes(options.cache_bytes), options.cache_dir, FormatBytes(avail));
     }
   }
 
@@ -84,9 +85,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->block_source_ = std::make_unique<CacheBlockSource>(a->cache_.get());
   auto server = transport::StartBlockServer(options.listen, a->block_source_.get(), to);
   if (!server.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("--listen ", options.listen,
-                                                      ": peers cannot reach this node: ",
-                                                      server.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--listen ", options.listen,
+                     ": peers cannot reach this node: ", server.status().message()));
   }
   a->block_server_ = std::move(*server);
   std::string why;
@@ -108,9 +109,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->namespace_ = std::make_unique<Namespace>(a->meta_.get());
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(),
                                        options.readahead_blocks);
-  a->prefetch_ = std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
-                                                  a->read_path_.get(), a->cache_.get(),
-                                                  a->meta_.get());
+  a->prefetch_ =
+      std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
+                                       a->read_path_.get(), a->cache_.get(), a->meta_.get());
   auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
   if (!mount.ok()) return mount.status();
   a->mount_ = std::move(*mount);
@@ -122,7 +123,7 @@ NodeAgent::~NodeAgent() {
   Stop();
   if (background_.joinable()) background_.join();
   prefetch_.reset();  // its workers use the read path
-  mount_.reset();  // unmount before the filesystem it serves goes away
+  mount_.reset();     // unmount before the filesystem it serves goes away
 }
 
 void NodeAgent::Run() { mount_->Run(); }
@@ -157,7 +158,8 @@ rpc::NodeStats NodeAgent::Stats() {
   s.set_peer_fetches(r.peer_fetches);
   s.set_peer_errors(r.peer_errors);
   s.set_pinned_bytes(c.pinned_bytes);
-  for (const auto& [ds, b] : c.pinned_bytes_by_dataset) (*s.mutable_pinned_bytes_by_dataset())[ds] = b;
+  for (const auto& [ds, b] : c.pinned_bytes_by_dataset)
+    (*s.mutable_pinned_bytes_by_dataset())[ds] = b;
   return s;
 }
 
@@ -170,7 +172,8 @@ absl::Status NodeAgent::Register() {
   n.set_capacity_bytes(options_.cache_bytes);
   auto r = meta_->RegisterNode(n);
   if (!r.ok()) return r.status();
-  heartbeat_interval_ = std::chrono::milliseconds(std::max<uint32_t>(r->heartbeat_interval_ms(), 50));
+  heartbeat_interval_ =
+      std::chrono::milliseconds(std::max<uint32_t>(r->heartbeat_interval_ms(), 50));
   // Changes queued before registration are covered by the full report.
   std::vector<BlockAddr> added, removed;
   cache_->TakeChanges(&added, &removed);

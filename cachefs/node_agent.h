@@ -1,6 +1,7 @@
 // NodeAgent: one node of an Ember cluster. Opens the block cache, serves its blocks to peers
 // (transport/), registers with meta (full block report, then heartbeats and incremental reports),
-// and serves datasets through a FUSE mount, filling misses from peers before the origin. This is the front door of cachefs/: tools/ builds one from flags.
+// and serves datasets through a FUSE mount, filling misses from peers before the origin. This is
+// the front door of cachefs/: tools/ builds one from flags.
 //
 // Meta may come and go: the agent retries registration in the background and keeps serving what
 // it can (resident blocks and origin reads of loaded manifests) meanwhile.
@@ -20,11 +21,11 @@
 #include "cachefs/fuse_mount.h"
 #include "cachefs/namespace.h"
 #include "cachefs/origin.h"
+#include "cachefs/peer_fetcher.h"
+#include "cachefs/prefetch.h"
 #include "cachefs/read_path.h"
 #include "meta/meta_client.h"
 #include "transport/block_transport.h"
-#include "cachefs/peer_fetcher.h"
-#include "cachefs/prefetch.h"
 
 namespace ember::cachefs {
 

@@ -12,8 +12,8 @@ namespace ember::cachefs {
 
 // What the manifest says about the file being read: a fill must match it exactly.
 struct OriginFile {
-  std::string root;       // the dataset's origin
-  std::string path;       // relative to root
+  std::string root;  // the dataset's origin
+  std::string path;  // relative to root
   uint64_t size = 0;
   int64_t mtime_ns = 0;
 };

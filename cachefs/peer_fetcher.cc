@@ -111,7 +111,7 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
     auto rank = [&](const Holder& h) {
       int near = (!options_.self_switch.empty() && h.sw == options_.self_switch) ? 0
                  : (!options_.self_rack.empty() && h.rack == options_.self_rack) ? 1
-                                                                                : 2;
+                                                                                 : 2;
       return std::make_pair(near, inflight_[h.id]);
     };
     std::stable_sort(order.begin(), order.end(),

@@ -64,9 +64,9 @@ class PeerFetcher {
   transport::BlockTransport* transport_;
   Options options_;
   std::mutex mu_;
-  std::map<BlockAddr, Located> located_;                       // GUARDED_BY(mu_)
+  std::map<BlockAddr, Located> located_;                                   // GUARDED_BY(mu_)
   std::map<std::string, std::chrono::steady_clock::time_point> suspects_;  // GUARDED_BY(mu_)
-  std::map<std::string, int> inflight_;                        // GUARDED_BY(mu_)
+  std::map<std::string, int> inflight_;                                    // GUARDED_BY(mu_)
   std::atomic<uint64_t> errors_{0}, fetches_{0};
 };
 

@@ -177,8 +177,7 @@ void PrefetchRunner::Run(Running* r) {
   }
   progress.set_blocks_total(mine.size());
   progress.set_files_total(files.size());
-  spdlog::info("prefetch {}: {} blocks of {} for this node", job.id(), mine.size(),
-               spec.dataset());
+  spdlog::info("prefetch {}: {} blocks of {} for this node", job.id(), mine.size(), spec.dataset());
 
   struct Item {
     Block block;
@@ -217,8 +216,8 @@ void PrefetchRunner::Run(Running* r) {
       if (!src.ok()) {
         progress.set_blocks_failed(progress.blocks_failed() + 1);
         if (static_cast<size_t>(progress.failures_size()) < kMaxFailures) {
-          progress.add_failures(absl::StrCat(ref.origin.path, " (block ", b.index, "): ",
-                                             src.status().message()));
+          progress.add_failures(
+              absl::StrCat(ref.origin.path, " (block ", b.index, "): ", src.status().message()));
         }
       } else {
         if (*src == ReadPath::Source::kOrigin) {
@@ -264,9 +263,11 @@ void PrefetchRunner::Run(Running* r) {
     if (meta_->ReportPrefetch(job.id(), progress).ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  spdlog::info("prefetch {}: finished here: {} of {} blocks, {} failed, {} bytes from origin, {} "
-               "from peers", job.id(), progress.blocks_done(), progress.blocks_total(),
-               progress.blocks_failed(), progress.bytes_from_origin(), progress.bytes_from_peers());
+  spdlog::info(
+      "prefetch {}: finished here: {} of {} blocks, {} failed, {} bytes from origin, {} "
+      "from peers",
+      job.id(), progress.blocks_done(), progress.blocks_total(), progress.blocks_failed(),
+      progress.bytes_from_origin(), progress.bytes_from_peers());
 }
 
 }  // namespace ember::cachefs

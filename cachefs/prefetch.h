@@ -42,8 +42,8 @@ class RateLimiter {
 
 class PrefetchRunner {
  public:
-  PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path,
-                 BlockCache* cache, meta::MetaClient* meta);
+  PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path, BlockCache* cache,
+                 meta::MetaClient* meta);
   ~PrefetchRunner();
 
   // The jobs meta listed for this node: starts new ones, stops cancelled ones, releases pins.

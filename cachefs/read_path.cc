@@ -87,7 +87,7 @@ absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, 
 absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uint64_t index) {
   const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
   bool filled = false;
-  for (int attempt = 0; attempt < 3; attempt++) {
+  for (int attempt = 0; attempt < 5; attempt++) {
     if (auto pin = cache_->Acquire(addr)) {
       if (!pin->verified) {
         if (!VerifyPinned(*pin)) continue;  // dropped; fill it again
@@ -101,27 +101,8 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       return BlockBytes{nullptr, recent, filled};
     }
     filled = true;
-    std::shared_ptr<Fill> fill;
-    bool leader = false;
-    {
-      std::lock_guard lock(inflight_mu_);
-      auto it = inflight_.find(addr);
-      if (it != inflight_.end()) {
-        fill = it->second;
-      } else {
-        fill = std::make_shared<Fill>();
-        inflight_.emplace(addr, fill);
-        leader = true;
-      }
-    }
-    if (leader) {
-      FillBlock(file, index, fill.get());
-      std::lock_guard lock(inflight_mu_);
-      inflight_.erase(addr);
-    } else {
-      std::unique_lock lock(fill->mu);
-      fill->cv.wait(lock, [&] { return fill->done; });
-    }
+    std::shared_ptr<Fill> fill = FillOnce(file, index, true, nullptr);
+    if (!fill->status.ok() && fill->peer_only) continue;  // joined a prefetch's peer-only try
     if (!fill->status.ok()) return fill->status;
     if (!fill->cached) return BlockBytes{nullptr, fill->data, true};
     // Cached: loop to pin it (it may be evicted in between; then we fill again).
@@ -134,8 +115,8 @@ bool ReadPath::VerifyPinned(const BlockCache::Pin& pin) {
   std::string buf(pin.length, '\0');
   size_t done = 0;
   while (done < pin.length) {
-    ssize_t n = pread(pin.fd, buf.data() + done, pin.length - done,
-                      static_cast<off_t>(pin.offset + done));
+    ssize_t n =
+        pread(pin.fd, buf.data() + done, pin.length - done, static_cast<off_t>(pin.offset + done));
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
       break;
@@ -152,11 +133,10 @@ bool ReadPath::VerifyPinned(const BlockCache::Pin& pin) {
   return false;
 }
 
-absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
+std::shared_ptr<ReadPath::Fill> ReadPath::FillOnce(
     const FileRef& file, uint64_t index, bool allow_origin,
-    const std::function<void(uint64_t)>& before_origin) {
+    const std::function<void(uint64_t)>* before_origin) {
   const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
-  if (cache_->Resident(addr)) return Source::kResident;
   std::shared_ptr<Fill> fill;
   bool leader = false;
   {
@@ -171,13 +151,22 @@ absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
     }
   }
   if (leader) {
-    FillBlock(file, index, fill.get(), allow_origin, &before_origin);
+    FillBlock(file, index, fill.get(), allow_origin, before_origin);
     std::lock_guard lock(inflight_mu_);
     inflight_.erase(addr);
   } else {
     std::unique_lock lock(fill->mu);
     fill->cv.wait(lock, [&] { return fill->done; });
   }
+  return fill;
+}
+
+absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
+    const FileRef& file, uint64_t index, bool allow_origin,
+    const std::function<void(uint64_t)>& before_origin) {
+  const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
+  if (cache_->Resident(addr)) return Source::kResident;
+  std::shared_ptr<Fill> fill = FillOnce(file, index, allow_origin, &before_origin);
   if (!fill->status.ok()) return fill->status;
   return fill->from_peer ? Source::kPeer : Source::kOrigin;
 }
@@ -225,6 +214,7 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
   fill->status = st;
   fill->cached = cached;
   fill->from_peer = from_peer.ok();
+  fill->peer_only = !allow_origin;
   if (st.ok() && !cached) {
     RecentPut(addr, data);
     fill->data = std::move(data);
@@ -285,10 +275,11 @@ void ReadPath::FlushPendingChecksums() {
   }
   for (int i = 0; i < r->conflict_size() && i < static_cast<int>(pending.size()); i++) {
     if (r->conflict(i)) {
-      spdlog::error("read: block {}/{}/{}/{} filled while meta was away conflicts with meta's "
-                    "checksum; dropping it",
-                    pending[i].first.dataset_id, pending[i].first.version,
-                    pending[i].first.file_id, pending[i].first.index);
+      spdlog::error(
+          "read: block {}/{}/{}/{} filled while meta was away conflicts with meta's "
+          "checksum; dropping it",
+          pending[i].first.dataset_id, pending[i].first.version, pending[i].first.file_id,
+          pending[i].first.index);
       cache_->Drop(pending[i].first);
     }
   }
@@ -344,7 +335,8 @@ void ReadPath::Worker() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    if (cache_->Resident({job.first.dataset_id, job.first.version, job.first.file_id, job.second})) {
+    if (cache_->Resident(
+            {job.first.dataset_id, job.first.version, job.first.file_id, job.second})) {
       continue;
     }
     (void)GetBlock(job.first, job.second);

@@ -98,6 +98,7 @@ class ReadPath {
     absl::Status status;
     bool cached = false;
     bool from_peer = false;
+    bool peer_only = false;                   // a prefetch that may not read the origin
     std::shared_ptr<const std::string> data;  // when not cached
   };
   struct BlockBytes {
@@ -107,6 +108,9 @@ class ReadPath {
   };
 
   absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index);
+  // Single-flight: joins the fill in flight for the block, or runs one. Returns it finished.
+  std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, bool allow_origin,
+                                 const std::function<void(uint64_t)>* before_origin);
   // Checks a pinned block's bytes once per agent lifetime. Returns false if they are wrong.
   bool VerifyPinned(const BlockCache::Pin& pin);
   void FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool allow_origin = true,

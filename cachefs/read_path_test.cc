@@ -84,9 +84,14 @@ class ReadPathTest : public ::testing::Test {
 };
 
 TEST_F(ReadPathTest, RangesAcrossBlocksAreExact) {
-  for (auto [off, len] : std::vector<std::pair<uint64_t, size_t>>{
-           {0, 10}, {kBlock - 1, 2}, {kBlock, kBlock}, {3 * kBlock - 5, 2 * kBlock + 10},
-           {5 * kBlock, 1000}, {5 * kBlock + 122, 10}, {content_.size(), 10}, {0, 1 << 30}}) {
+  for (auto [off, len] : std::vector<std::pair<uint64_t, size_t>>{{0, 10},
+                                                                  {kBlock - 1, 2},
+                                                                  {kBlock, kBlock},
+                                                                  {3 * kBlock - 5, 2 * kBlock + 10},
+                                                                  {5 * kBlock, 1000},
+                                                                  {5 * kBlock + 122, 10},
+                                                                  {content_.size(), 10},
+                                                                  {0, 1 << 30}}) {
     auto r = read_path_->Read(Ref(), off, len);
     ASSERT_TRUE(r.ok()) << r.status();
     std::string want = off >= content_.size() ? "" : content_.substr(off, len);

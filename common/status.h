@@ -11,9 +11,9 @@
 #define EMBER_CONCAT_(a, b) EMBER_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not ok.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _ember_status = (expr);     \
+#define RETURN_IF_ERROR(expr)                      \
+  do {                                             \
+    ::absl::Status _ember_status = (expr);         \
     if (!_ember_status.ok()) return _ember_status; \
   } while (0)
 

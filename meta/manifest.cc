@@ -55,8 +55,10 @@ class Walker {
     root.set_type(rpc::FileEntry::DIR);
     Fill(st, &root);
     absl::Status s = Emit(root, "");
-    if (s.ok()) s = WalkDir(fd, root.file_id(), "", 0);  // takes ownership of fd
-    else close(fd);
+    if (s.ok())
+      s = WalkDir(fd, root.file_id(), "", 0);  // takes ownership of fd
+    else
+      close(fd);
     RETURN_IF_ERROR(s);
     stats_.fingerprint = fingerprint_.Value();
     stats_.max_file_id = next_id_ - 1;
@@ -101,7 +103,8 @@ class Walker {
     std::string shown = dir_path.empty() ? root_ : absl::StrCat(root_, "/", dir_path);
     if (depth > kMaxDepth) {
       close(dirfd);
-      return absl::FailedPreconditionError(absl::StrCat("directory tree too deep at '", shown, "'"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("directory tree too deep at '", shown, "'"));
     }
     DIR* dir = fdopendir(dirfd);
     if (dir == nullptr) {
@@ -179,8 +182,8 @@ class Walker {
 
 bool SameContent(const rpc::FileEntry& a, const rpc::FileEntry& b) {
   return a.type() == b.type() && a.size() == b.size() && a.mode() == b.mode() &&
-         a.mtime_ns() == b.mtime_ns() && a.link_target() == b.link_target() &&
-         a.uid() == b.uid() && a.gid() == b.gid();
+         a.mtime_ns() == b.mtime_ns() && a.link_target() == b.link_target() && a.uid() == b.uid() &&
+         a.gid() == b.gid();
 }
 
 }  // namespace
@@ -196,8 +199,12 @@ void Fingerprint::Add(const rpc::FileEntry& e, std::string_view path) {
     uint64_t type, size, mode, owner;
     int64_t mtime;
     uint64_t path_len, target_len;
-  } fixed{static_cast<uint64_t>(e.type()), e.size(), e.mode(),
-          (static_cast<uint64_t>(e.uid()) << 32) | e.gid(), e.mtime_ns(), path.size(),
+  } fixed{static_cast<uint64_t>(e.type()),
+          e.size(),
+          e.mode(),
+          (static_cast<uint64_t>(e.uid()) << 32) | e.gid(),
+          e.mtime_ns(),
+          path.size(),
           e.link_target().size()};
   XXH3_64bits_update(st, &fixed, sizeof(fixed));
   XXH3_64bits_update(st, path.data(), path.size());
@@ -218,8 +225,9 @@ absl::StatusOr<std::string> NormalizeOrigin(std::string_view origin) {
   std::string path(origin);
   if (absl::StartsWith(path, "file://")) path = path.substr(7);
   if (path.find("://") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "origin '", std::string(origin), "' has an unsupported scheme; use an absolute path or file:///path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("origin '", std::string(origin),
+                     "' has an unsupported scheme; use an absolute path or file:///path"));
   }
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(

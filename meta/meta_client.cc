@@ -187,8 +187,8 @@ absl::StatusOr<rpc::HeartbeatResponse> MetaClient::Heartbeat(const std::string& 
 }
 
 absl::StatusOr<std::vector<rpc::Node>> MetaClient::ListNodes() {
-  auto r = impl_->Unary<rpc::ListNodesRequest, rpc::ListNodesResponse>(
-      rpc::ListNodesRequest(), &rpc::Meta::Stub::ListNodes);
+  auto r = impl_->Unary<rpc::ListNodesRequest, rpc::ListNodesResponse>(rpc::ListNodesRequest(),
+                                                                       &rpc::Meta::Stub::ListNodes);
   if (!r.ok()) return r.status();
   return std::vector<rpc::Node>(r->nodes().begin(), r->nodes().end());
 }
@@ -253,8 +253,7 @@ absl::StatusOr<rpc::LocalityResponse> MetaClient::Locality(const std::string& da
   rpc::LocalityRequest req;
   req.set_dataset(dataset);
   req.set_version(version);
-  return impl_->Unary<rpc::LocalityRequest, rpc::LocalityResponse>(req,
-                                                                   &rpc::Meta::Stub::Locality);
+  return impl_->Unary<rpc::LocalityRequest, rpc::LocalityResponse>(req, &rpc::Meta::Stub::Locality);
 }
 
 }  // namespace ember::meta

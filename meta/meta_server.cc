@@ -277,7 +277,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       }
     }
     if (!req->prefetch_id().empty() && !prefetches_.count(req->prefetch_id())) {
-      return ToGrpc(absl::NotFoundError(absl::StrCat("unknown prefetch '", req->prefetch_id(), "'")));
+      return ToGrpc(
+          absl::NotFoundError(absl::StrCat("unknown prefetch '", req->prefetch_id(), "'")));
     }
     resp->set_unpinned(n);
     return grpc::Status::OK;
@@ -465,9 +466,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       done.set_changed(false);
     } else {
       StoredStream old_s(store_.get(), ds.id(), latest), new_s(store_.get(), ds.id(), next);
-      DiffCounts d = DiffManifests(
-          [&](std::string* p, rpc::FileEntry* e) { return old_s.Next(p, e); },
-          [&](std::string* p, rpc::FileEntry* e) { return new_s.Next(p, e); });
+      DiffCounts d =
+          DiffManifests([&](std::string* p, rpc::FileEntry* e) { return old_s.Next(p, e); },
+                        [&](std::string* p, rpc::FileEntry* e) { return new_s.Next(p, e); });
       ds.set_latest_version(next);
       *ds.add_versions() = v;
       RETURN_IF_ERROR(store_->PutDataset(ds));
@@ -493,9 +494,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       return absl::OkStatus();
     }
     if (req.version() == ds.latest_version()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("version ", req.version(), " is the latest of '", ds.name(),
-                       "'; remove the whole dataset instead"));
+      return absl::FailedPreconditionError(absl::StrCat("version ", req.version(),
+                                                        " is the latest of '", ds.name(),
+                                                        "'; remove the whole dataset instead"));
     }
     rpc::Dataset updated = ds;
     updated.clear_versions();
@@ -540,9 +541,10 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       return absl::NotFoundError(
           absl::StrCat("dataset '", ds.name(), "' has no version ", version));
     }
-    uint32_t max = req.max_entries() == 0 ? kMaxManifestPage
-                                          : std::min(req.max_entries(), kMaxManifestPage);
-    ASSIGN_OR_RETURN(auto entries, store_->ReadManifest(ds.id(), version, req.after_file_id(), max));
+    uint32_t max =
+        req.max_entries() == 0 ? kMaxManifestPage : std::min(req.max_entries(), kMaxManifestPage);
+    ASSIGN_OR_RETURN(auto entries,
+                     store_->ReadManifest(ds.id(), version, req.after_file_id(), max));
     resp->set_dataset_id(ds.id());
     resp->set_version(version);
     if (entries.size() == max) resp->set_next_after_file_id(entries.back().file_id());
@@ -598,8 +600,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       std::lock_guard lock(state_mu_);
       nodes_[n.id()] = NodeEntry{n, Clock::now()};
     }
-    spdlog::info("meta: node {} registered at {} ({} GPUs, capacity {} bytes)", n.id(),
-                 n.address(), n.gpus(), n.capacity_bytes());
+    spdlog::info("meta: node {} registered at {} ({} GPUs, capacity {} bytes)", n.id(), n.address(),
+                 n.gpus(), n.capacity_bytes());
     uint32_t lease = static_cast<uint32_t>(options_.lease.count());
     resp->set_lease_ms(lease);
     resp->set_heartbeat_interval_ms(std::max<uint32_t>(lease / 3, 50));
@@ -697,8 +699,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       bool member = false;
       for (const auto& n : job.spec().nodes()) member |= n == node_id;
       bool recent = job.finished_unix_ms() == 0 || now - job.finished_unix_ms() < 600'000;
-      if (member && (job.state() == rpc::PrefetchJob::RUNNING || job.pin_until_unix_ms() > now ||
-                     recent)) {
+      if (member &&
+          (job.state() == rpc::PrefetchJob::RUNNING || job.pin_until_unix_ms() > now || recent)) {
         *resp->add_prefetches() = job;
       }
     }
@@ -749,8 +751,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     RETURN_IF_ERROR(st);
     for (size_t i = 0; i < paths.size(); i++) {
       if (!seen[i] && !paths[i].empty()) {
-        return absl::NotFoundError(absl::StrCat("no path '", paths[i], "' in dataset '",
-                                                ds.name(), "' version ", version));
+        return absl::NotFoundError(absl::StrCat("no path '", paths[i], "' in dataset '", ds.name(),
+                                                "' version ", version));
       }
     }
     return sel;
@@ -762,7 +764,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     bool has = false;
     for (const auto& v : ds.versions()) has |= v.version() == version;
     if (!has) {
-      return absl::NotFoundError(absl::StrCat("dataset '", ds.name(), "' has no version ", version));
+      return absl::NotFoundError(
+          absl::StrCat("dataset '", ds.name(), "' has no version ", version));
     }
     // Chosen nodes: named ones must be known and alive.
     std::vector<std::string> nodes;
@@ -776,7 +779,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       } else {
         for (const auto& id : in.nodes()) {
           auto it = nodes_.find(id);
-          if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("unknown node '", id, "'"));
+          if (it == nodes_.end())
+            return absl::NotFoundError(absl::StrCat("unknown node '", id, "'"));
           if (!Alive(it->second)) {
             return absl::FailedPreconditionError(absl::StrCat("node '", id, "' is dead"));
           }
@@ -789,8 +793,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
     if (nodes.empty()) return absl::FailedPreconditionError("no live nodes to prefetch to");
     uint32_t replicas = in.mode() == rpc::PrefetchSpec::STRIPE ? in.replicas() : nodes.size();
-    if (in.mode() == rpc::PrefetchSpec::STRIPE &&
-        (replicas == 0 || replicas > nodes.size())) {
+    if (in.mode() == rpc::PrefetchSpec::STRIPE && (replicas == 0 || replicas > nodes.size())) {
       return absl::InvalidArgumentError(absl::StrCat("--replicas ", in.replicas(),
                                                      " must be between 1 and the ", nodes.size(),
                                                      " chosen node(s)"));
@@ -799,18 +802,19 @@ class MetaServiceImpl final : public rpc::Meta::Service {
                      SelectPaths(ds, version, {in.paths().begin(), in.paths().end()}));
     // A pin must fit before any work starts.
     if (in.pin_ms() > 0) {
-      uint64_t per_node = in.mode() == rpc::PrefetchSpec::FULL
-                              ? sel.bytes
-                              : (sel.bytes * replicas + nodes.size() - 1) / nodes.size() +
-                                    ds.block_size();
+      uint64_t per_node =
+          in.mode() == rpc::PrefetchSpec::FULL
+              ? sel.bytes
+              : (sel.bytes * replicas + nodes.size() - 1) / nodes.size() + ds.block_size();
       for (const auto& id : nodes) {
         const rpc::Node& n = info[id];
         uint64_t pinned = n.stats().pinned_bytes();
         uint64_t room = n.capacity_bytes() > pinned ? n.capacity_bytes() - pinned : 0;
         if (per_node > room) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "cannot pin: node '", id, "' would need ", per_node, " bytes pinned but has room for ",
-              room, " (capacity ", n.capacity_bytes(), ", already pinned ", pinned, ")"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("cannot pin: node '", id, "' would need ", per_node,
+                           " bytes pinned but has room for ", room, " (capacity ",
+                           n.capacity_bytes(), ", already pinned ", pinned, ")"));
         }
       }
     }
@@ -836,15 +840,15 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       std::lock_guard lock(prefetch_mu_);
       prefetches_[job.id()] = job;
     }
-    spdlog::info("meta: prefetch {} of {} version {} to {} node(s), {} bytes", job.id(),
-                 ds.name(), version, nodes.size(), sel.bytes);
+    spdlog::info("meta: prefetch {} of {} version {} to {} node(s), {} bytes", job.id(), ds.name(),
+                 version, nodes.size(), sel.bytes);
     *out = job;
     return absl::OkStatus();
   }
 
   // File sizes of a version, by file id, loaded once.
   absl::StatusOr<std::shared_ptr<const std::vector<uint64_t>>> FileSizes(uint32_t ds,
-                                                                        uint32_t version) {
+                                                                         uint32_t version) {
     std::lock_guard lock(sizes_mu_);
     auto it = sizes_.find({ds, version});
     if (it != sizes_.end()) return it->second;
@@ -864,7 +868,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     bool has = false;
     for (const auto& v : ds.versions()) has |= v.version() == version;
     if (!has) {
-      return absl::NotFoundError(absl::StrCat("dataset '", ds.name(), "' has no version ", version));
+      return absl::NotFoundError(
+          absl::StrCat("dataset '", ds.name(), "' has no version ", version));
     }
     ASSIGN_OR_RETURN(auto sizes, FileSizes(ds.id(), version));
     const uint64_t bs = ds.block_size();
@@ -896,8 +901,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     std::vector<uint64_t> histogram(1, 0);
     uint64_t anywhere_bytes = 0, anywhere_blocks = 0;
     auto begin = locations_.lower_bound(FileKey{ds.id(), version, 0});
-    for (auto it = begin; it != locations_.end() && it->first.dataset_id == ds.id() &&
-                          it->first.version == version;
+    for (auto it = begin;
+         it != locations_.end() && it->first.dataset_id == ds.id() && it->first.version == version;
          ++it) {
       const uint64_t file = it->first.file_id;
       std::map<uint64_t, int> holders;  // block -> live holders
@@ -933,7 +938,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   std::unique_ptr<MetaStore> store_;
   MetaOptions options_;
-  std::mutex prefetch_mu_;  // after state_mu_ when both are held
+  std::mutex prefetch_mu_;                              // after state_mu_ when both are held
   std::map<std::string, rpc::PrefetchJob> prefetches_;  // GUARDED_BY(prefetch_mu_)
   uint64_t next_prefetch_ = 1;
   std::mutex sizes_mu_;

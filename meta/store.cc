@@ -76,9 +76,8 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   options.max_write_buffer_number = 2;
   rocksdb::ColumnFamilyOptions cf_options(options);
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
-  for (const char* name :
-       {rocksdb::kDefaultColumnFamilyName.c_str(), "datasets", "manifests", "checksums", "nodes",
-        "locations"}) {
+  for (const char* name : {rocksdb::kDefaultColumnFamilyName.c_str(), "datasets", "manifests",
+                           "checksums", "nodes", "locations"}) {
     cfs.emplace_back(name, cf_options);
   }
   std::unique_ptr<MetaStore> store(new MetaStore());
@@ -150,8 +149,8 @@ absl::StatusOr<uint32_t> MetaStore::AllocateDatasetId() {
   return next;
 }
 
-absl::Status MetaStore::DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf,
-                                          const std::string& begin, const std::string& end) {
+absl::Status MetaStore::DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
+                                          const std::string& end) {
   return FromRocks(db_->DeleteRange(Synced(), cf, begin, end), "delete range");
 }
 
@@ -229,9 +228,9 @@ absl::Status MetaStore::ManifestWriter::Finish() {
 }
 
 absl::StatusOr<std::vector<rpc::FileEntry>> MetaStore::ReadManifest(uint32_t dataset_id,
-                                                                   uint32_t version,
-                                                                   uint64_t after_file_id,
-                                                                   size_t max_entries) {
+                                                                    uint32_t version,
+                                                                    uint64_t after_file_id,
+                                                                    size_t max_entries) {
   std::vector<rpc::FileEntry> out;
   std::string prefix = VersionPrefix(dataset_id, version);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), manifests_));

@@ -94,9 +94,8 @@ class MetaStore {
   // An empty bitmap deletes the record.
   absl::Status PutLocation(const FileKey& key, const std::string& node_id,
                            const std::string& bitmap);
-  absl::Status ForEachLocation(
-      const std::function<void(const FileKey&, const std::string& node_id,
-                               const std::string& bitmap)>& fn);
+  absl::Status ForEachLocation(const std::function<void(const FileKey&, const std::string& node_id,
+                                                        const std::string& bitmap)>& fn);
 
  private:
   MetaStore() = default;

@@ -40,7 +40,8 @@ TEST(MetaStoreTest, RoundTripsAcrossReopen) {
     EXPECT_EQ(*s.AllocateDatasetId(), 2u);
     ASSERT_TRUE(s.PutDataset(MakeDataset(1, "imgs", {1})).ok());
     MetaStore::ManifestWriter w(&s, 1, 1);
-    for (uint64_t i = 1; i <= 10'000; i++) ASSERT_TRUE(w.Add(Entry(i, "f" + std::to_string(i))).ok());
+    for (uint64_t i = 1; i <= 10'000; i++)
+      ASSERT_TRUE(w.Add(Entry(i, "f" + std::to_string(i))).ok());
     ASSERT_TRUE(w.Finish().ok());
     ASSERT_TRUE(s.PutChecksums({{BlockAddr{1, 1, 5, 0}, 0xabcdef}}).ok());
     rpc::Node n;

@@ -1,5 +1,7 @@
 // Peer sharing on a real cluster: one `ember meta` and several `ember node` processes on this
 // machine, each on its own 127.0.0.x address with its own cache and mount.
+#include "tests/testing/cluster.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
 
 namespace ember {
@@ -19,25 +20,13 @@ namespace fs = std::filesystem;
 using testing::MetaProcess;
 using testing::NodeProcess;
 using testing::ReadFile;
+using testing::ReadUncached;
 using testing::RunEmber;
 using testing::TempDir;
 using testing::WriteFile;
 using testing::WriteRandomFile;
 
 constexpr uint64_t kMiB = 1 << 20;
-
-std::string ReadUncached(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return "<open failed>";
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  std::string out;
-  char buf[1 << 16];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  if (n < 0) return "<read failed: " + std::string(strerror(errno)) + ">";
-  return out;
-}
 
 class ClusterTest : public ::testing::Test {
  protected:

@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 using testing::MetaProcess;
 using testing::NodeProcess;
 using testing::ReadFile;
+using testing::ReadUncached;
 using testing::RunEmber;
 using testing::TempDir;
 using testing::WaitFor;
@@ -31,25 +32,6 @@ using testing::WriteRandomFile;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-// Reads a file through the kernel, dropping its page cache first so the daemon is asked.
-std::string ReadUncached(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return "<open failed: " + std::string(strerror(errno)) + ">";
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      out = "<read failed: " + std::string(strerror(errno)) + ">";
-      break;
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return out;
-}
 
 // Returns errno of reading the whole file, 0 if it read fine.
 int ReadErrno(const std::string& path) {
@@ -312,7 +294,8 @@ TEST_F(MountTest, OriginVanishedOrChangedGivesEioNotWrongBytes) {
   EXPECT_NE(log.find("a/small.txt"), std::string::npos) << log;
   // After a refresh the new version is visible under ds@2 while ds stays pinned to version 1.
   Ember({"dataset", "refresh", "ds"});
-  EXPECT_TRUE(ReadUncached(node->mount() + "/ds@2/a/b/edge-0") == ReadFile(origin_ + "/a/b/edge-0"));
+  EXPECT_TRUE(ReadUncached(node->mount() + "/ds@2/a/b/edge-0") ==
+              ReadFile(origin_ + "/a/b/edge-0"));
   EXPECT_TRUE(fs::exists(mnt + "/a/small.txt"));
   EXPECT_FALSE(fs::exists(node->mount() + "/ds@2/a/small.txt"));
 }
@@ -321,8 +304,13 @@ TEST_F(MountTest, BadInputIsRefusedClearly) {
   MakeDataset(false);
   std::string meta = meta_->address();
   auto run = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args{"node", "--meta", meta, "--node-id", "x",
-                                  "--listen", absl::StrCat("127.0.0.1:", testing::FreePort())};
+    std::vector<std::string> args{"node",
+                                  "--meta",
+                                  meta,
+                                  "--node-id",
+                                  "x",
+                                  "--listen",
+                                  absl::StrCat("127.0.0.1:", testing::FreePort())};
     args.insert(args.end(), extra.begin(), extra.end());
     return RunEmber(args, {}, std::chrono::seconds(20));
   };

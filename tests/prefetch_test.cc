@@ -239,7 +239,9 @@ TEST_F(PrefetchTest, NodeDyingMidPrefetchIsReportedAndOthersFinish) {
   // The survivors hold everything.
   json l = SettledLocality();
   for (auto& n : l["nodes"]) {
-    if (n["id"] != "n3") EXPECT_EQ(n["resident_bytes"], bytes_) << n;
+    if (n["id"] != "n3") {
+      EXPECT_EQ(n["resident_bytes"], bytes_) << n;
+    }
   }
 }
 

@@ -1,6 +1,5 @@
 // `ember dataset add|refresh|ls|show|rm`: manage datasets on meta.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -17,9 +16,12 @@ namespace {
 using nlohmann::json;
 
 json VersionJson(const rpc::VersionInfo& v) {
-  return json{{"version", v.version()},     {"files", v.files()},
-              {"dirs", v.dirs()},           {"symlinks", v.symlinks()},
-              {"bytes", v.bytes()},         {"skipped", v.skipped()},
+  return json{{"version", v.version()},
+              {"files", v.files()},
+              {"dirs", v.dirs()},
+              {"symlinks", v.symlinks()},
+              {"bytes", v.bytes()},
+              {"skipped", v.skipped()},
               {"created_unix_ms", v.created_unix_ms()}};
 }
 
@@ -195,8 +197,12 @@ void AddDatasetCommand(CLI::App& app) {
                              : e.type() == rpc::FileEntry::SYMLINK ? "link"
                                                                    : "file";
           if (*as_json) {
-            arr.push_back(json{{"id", e.file_id()}, {"path", path}, {"type", type},
-                               {"size", e.size()}, {"mode", e.mode()}, {"mtime_ns", e.mtime_ns()}});
+            arr.push_back(json{{"id", e.file_id()},
+                               {"path", path},
+                               {"type", type},
+                               {"size", e.size()},
+                               {"mode", e.mode()},
+                               {"mtime_ns", e.mtime_ns()}});
           } else {
             std::cout << type << "\t" << e.size() << "\t" << path;
             if (e.type() == rpc::FileEntry::SYMLINK) std::cout << " -> " << e.link_target();

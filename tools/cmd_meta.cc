@@ -1,7 +1,7 @@
 // `ember meta`: run the metadata service.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <thread>
 
 #include "common/units.h"
@@ -19,8 +19,7 @@ void AddMetaCommand(CLI::App& app) {
     std::string lease = "10s";
   };
   auto opts = std::make_shared<Opts>();
-  cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")
-      ->capture_default_str();
+  cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")->capture_default_str();
   cmd->add_option("--data-dir", opts->data_dir, "Directory for the RocksDB store")->required();
   cmd->add_option("--lease", opts->lease, "Node lease: a node silent this long is dead")
       ->capture_default_str();

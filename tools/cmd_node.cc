@@ -1,12 +1,12 @@
 // `ember node` (one node agent against a meta service) and `ember up` (meta + node + mount in
 // one process: the whole system on one machine).
-#include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -92,8 +92,8 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
     o.cache_bytes = *size;
   }
   if (!f.labels.empty()) {
-    for (const std::string& part : std::vector<std::string>(
-             absl::StrSplit(f.labels, ',', absl::SkipEmpty()))) {
+    for (const std::string& part :
+         std::vector<std::string>(absl::StrSplit(f.labels, ',', absl::SkipEmpty()))) {
       size_t eq = part.find('=');
       if (eq == std::string::npos || eq == 0) {
         Fail(absl::StrCat("--labels: '", part, "' is not KEY=VALUE"));
@@ -156,8 +156,9 @@ void AddNodeCommands(CLI::App& app) {
     auto listen = std::make_shared<std::string>(meta::kDefaultMetaAddress);
     AddNodeFlags(c, f.get(), true);
     c->add_option("--dataset", *datasets, "NAME=ORIGIN to add if missing (repeatable)");
-    c->add_option("--data-dir", *data_dir, "Where meta and the cache live (default "
-                                           "~/.local/share/ember)");
+    c->add_option("--data-dir", *data_dir,
+                  "Where meta and the cache live (default "
+                  "~/.local/share/ember)");
     c->add_option("--listen", *listen, "HOST:PORT meta serves on")->capture_default_str();
     c->callback([=] {
       std::string dir = data_dir->empty() ? DefaultDataDir() : *data_dir;
@@ -170,7 +171,8 @@ void AddNodeCommands(CLI::App& app) {
       struct statvfs vfs;
       if (statvfs(f->cache_dir.c_str(), &vfs) == 0) {
         uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-        default_cache = std::max<uint64_t>(64ull << 20, std::min(default_cache, free_bytes / 5 * 4));
+        default_cache =
+            std::max<uint64_t>(64ull << 20, std::min(default_cache, free_bytes / 5 * 4));
       }
       if (auto s = ValidateHostPort("--listen", *listen); !s.ok()) Fail(s);
       auto o = ToNodeOptions(*f, *listen, default_cache);

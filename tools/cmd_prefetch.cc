@@ -1,9 +1,9 @@
 // `ember prefetch`, `ember unpin` and `ember locality`: warming datasets onto nodes and asking
 // where they are warm.
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -58,10 +58,10 @@ const char* StateName(rpc::PrefetchJob::State s) {
 // Prints the outcome; returns the exit code (1 if anything failed).
 int Summary(const rpc::PrefetchJob& job, double seconds) {
   Totals t = Sum(job);
-  std::cout << absl::StrFormat(
-      "prefetch %s %s: %s to %d node(s) in %.1fs (origin %s, peers %s)\n", job.id(),
-      StateName(job.state()), FormatBytes(t.bytes_done), job.nodes_size(), seconds,
-      FormatBytes(t.origin), FormatBytes(t.peers));
+  std::cout << absl::StrFormat("prefetch %s %s: %s to %d node(s) in %.1fs (origin %s, peers %s)\n",
+                               job.id(), StateName(job.state()), FormatBytes(t.bytes_done),
+                               job.nodes_size(), seconds, FormatBytes(t.origin),
+                               FormatBytes(t.peers));
   if (job.pin_until_unix_ms() > 0) {
     std::cout << "pinned until " << FormatTimeMs(job.pin_until_unix_ms()) << "\n";
   }
@@ -113,8 +113,7 @@ int Follow(meta::MetaClient& client, const std::string& id) {
     }
     if (g_detach) {
       if (tty) std::fprintf(stderr, "\r\033[K");
-      std::cout << "detached; prefetch " << id << " goes on (ember prefetch status " << id
-                << ")\n";
+      std::cout << "detached; prefetch " << id << " goes on (ember prefetch status " << id << ")\n";
       return 0;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -161,9 +160,12 @@ void AddPrefetchCommands(CLI::App& app) {
           nlohmann::json arr = nlohmann::json::array();
           for (const auto& j : *jobs) {
             Totals t = Sum(j);
-            arr.push_back({{"id", j.id()}, {"dataset", j.spec().dataset()},
-                           {"state", StateName(j.state())}, {"bytes_done", t.bytes_done},
-                           {"bytes_total", t.bytes_total}, {"nodes", j.nodes_size()},
+            arr.push_back({{"id", j.id()},
+                           {"dataset", j.spec().dataset()},
+                           {"state", StateName(j.state())},
+                           {"bytes_done", t.bytes_done},
+                           {"bytes_total", t.bytes_total},
+                           {"nodes", j.nodes_size()},
                            {"pin_until_unix_ms", j.pin_until_unix_ms()}});
           }
           std::cout << arr.dump(2) << "\n";
@@ -196,8 +198,8 @@ void AddPrefetchCommands(CLI::App& app) {
       for (size_t i = 1; i < args->size(); i++) spec.add_paths((*args)[i]);
       if (*all && !nodes->empty()) Fail("--nodes and --all exclude each other");
       spec.set_all_nodes(*all || nodes->empty());
-      for (const std::string& n : std::vector<std::string>(
-               absl::StrSplit(*nodes, ',', absl::SkipEmpty()))) {
+      for (const std::string& n :
+           std::vector<std::string>(absl::StrSplit(*nodes, ',', absl::SkipEmpty()))) {
         spec.add_nodes(n);
       }
       if (*mode == "full") {
@@ -265,10 +267,13 @@ void AddPrefetchCommands(CLI::App& app) {
         for (const auto& n : l->nodes()) {
           nlohmann::json labels = nlohmann::json::object();
           for (const auto& [k, v] : n.labels()) labels[k] = v;
-          nodes.push_back({{"id", n.node_id()}, {"address", n.address()},
-                           {"state", state(n.state())}, {"labels", labels},
+          nodes.push_back({{"id", n.node_id()},
+                           {"address", n.address()},
+                           {"state", state(n.state())},
+                           {"labels", labels},
                            {"resident_bytes", n.resident_bytes()},
-                           {"resident_blocks", n.resident_blocks()}, {"fraction", n.fraction()},
+                           {"resident_blocks", n.resident_blocks()},
+                           {"fraction", n.fraction()},
                            {"pinned_bytes", n.pinned_bytes()}});
         }
         std::cout << nlohmann::json{{"dataset", l->dataset()},

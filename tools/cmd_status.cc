@@ -1,6 +1,5 @@
 // `ember status`: the cluster's nodes and their caches.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -64,12 +63,12 @@ void AddStatusCommand(CLI::App& app) {
       for (const auto& [k, v] : n.labels()) labels.push_back(absl::StrCat(k, "=", v));
       std::sort(labels.begin(), labels.end());
       const auto& s = n.stats();
-      rows.push_back({n.id(), n.address(), state(n), labels.empty() ? "-" : absl::StrJoin(labels, ","),
-                      std::to_string(n.gpus()), FormatBytes(n.capacity_bytes()),
-                      FormatBytes(s.used_bytes()), std::to_string(s.resident_blocks()),
-                      std::to_string(s.hits()), std::to_string(s.misses()),
-                      FormatBytes(s.bytes_from_cache()), FormatBytes(s.bytes_from_peers()),
-                      FormatBytes(s.bytes_from_origin())});
+      rows.push_back({n.id(), n.address(), state(n),
+                      labels.empty() ? "-" : absl::StrJoin(labels, ","), std::to_string(n.gpus()),
+                      FormatBytes(n.capacity_bytes()), FormatBytes(s.used_bytes()),
+                      std::to_string(s.resident_blocks()), std::to_string(s.hits()),
+                      std::to_string(s.misses()), FormatBytes(s.bytes_from_cache()),
+                      FormatBytes(s.bytes_from_peers()), FormatBytes(s.bytes_from_origin())});
     }
     PrintTable(rows);
   });

@@ -1,6 +1,7 @@
 // The `ember` command: one binary, sub-commands (see README.md and `ember --help`).
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 
 #include "tools/cli.h"
 

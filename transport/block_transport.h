@@ -25,10 +25,10 @@ namespace ember::transport {
 class BlockSource {
  public:
   struct Block {
-    int fd = -1;               // readable; the block's bytes are at [offset, offset+length)
+    int fd = -1;  // readable; the block's bytes are at [offset, offset+length)
     uint64_t offset = 0;
     uint32_t length = 0;
-    uint64_t checksum = 0;     // XXH3-64 of the whole block
+    uint64_t checksum = 0;             // XXH3-64 of the whole block
     std::shared_ptr<const void> hold;  // keeps fd and bytes valid until released
   };
   virtual ~BlockSource() = default;

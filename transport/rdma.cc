@@ -140,8 +140,8 @@ absl::Status RdmaEndpoint::Connect(const QpInfo& remote) {
     rtr.ah_attr.grh.sgid_index = 0;
   }
   if (ibv_modify_qp(qp_, &rtr,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
     return absl::UnavailableError(absl::StrCat("RDMA QP to RTR: ", strerror(errno)));
   }
   ibv_qp_attr rts{};
@@ -238,7 +238,8 @@ class RdmaTransport final : public BlockTransport {
     }
     if (resp->status == WireStatus::kNotFound) return absl::NotFoundError("peer lacks block");
     if (resp->status != WireStatus::kOk || resp->length != length) {
-      return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", WireStatusName(resp->status)));
+      return absl::UnavailableError(
+          absl::StrCat("peer ", peer, ": ", WireStatusName(resp->status)));
     }
     std::memcpy(buf, s.ep->buffer(), length);
     if (info) {
@@ -259,17 +260,9 @@ class RdmaTransport final : public BlockTransport {
     if (!fd.ok()) return fd.status();
     auto session = std::make_unique<Session>();
     session->fd = *fd;
-    std::string hf(kHelloSize, '\0'), rf(kAuthReplySize, '\0'), qi(kQpInfoSize, '\0');
-    absl::Status st = ReadFull(*fd, hf.data(), hf.size());
-    auto hello = st.ok() ? DecodeHello(hf) : std::nullopt;
-    if (!hello) return Fail(session.get(), peer, "bad hello");
-    Auth auth;
-    auth.mac = TokenMac(options_.token, hello->nonce);
-    std::string af = EncodeAuth(auth);
-    st = WriteFull(*fd, af.data(), af.size());
-    if (st.ok()) st = ReadFull(*fd, rf.data(), rf.size());
-    auto reply = st.ok() ? DecodeAuthReply(rf) : std::nullopt;
-    if (!reply || reply->status != WireStatus::kOk) return Fail(session.get(), peer, "auth refused");
+    std::string qi(kQpInfoSize, '\0');
+    absl::Status st = ClientHandshake(*fd, peer, options_.token);
+    if (!st.ok()) return Fail(session.get(), peer, std::string(st.message()));
     auto ep = RdmaEndpoint::Create(device_, kMaxLength);
     if (!ep.ok()) return Fail(session.get(), peer, std::string(ep.status().message()));
     session->ep = std::move(*ep);

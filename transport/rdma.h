@@ -34,8 +34,8 @@ namespace ember::transport {
 struct RdmaDeviceInfo {
   std::string name;
   uint8_t port = 1;
-  bool active = false;     // port state ACTIVE
-  bool ethernet = false;   // RoCE (needs a GID) rather than InfiniBand (LID)
+  bool active = false;    // port state ACTIVE
+  bool ethernet = false;  // RoCE (needs a GID) rather than InfiniBand (LID)
 };
 
 // Every device and port libibverbs sees. `error` says why the list is empty, if it is.

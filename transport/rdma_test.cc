@@ -51,9 +51,8 @@ TEST(RdmaDataTest, LoopbackWriteBetweenTwoQueuePairs) {
   ASSERT_TRUE((*a)->Connect((*b)->local()).ok());
   ASSERT_TRUE((*b)->Connect((*a)->local()).ok());
   std::memset((*a)->buffer(), 'r', 4096);
-  ASSERT_TRUE((*a)->WriteTo(4096, (*b)->local().addr, (*b)->local().rkey,
-                            std::chrono::seconds(5))
-                  .ok());
+  ASSERT_TRUE(
+      (*a)->WriteTo(4096, (*b)->local().addr, (*b)->local().rkey, std::chrono::seconds(5)).ok());
   EXPECT_EQ(std::string((*b)->buffer(), 4096), std::string(4096, 'r'));
 }
 

@@ -19,8 +19,8 @@ namespace ember::transport {
 
 absl::Status SplitHostPort(const std::string& hp, std::string* host, int* port) {
   size_t colon = hp.rfind(':');
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(hp.substr(colon + 1), port) || *port < 0 || *port > 65535) {
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(hp.substr(colon + 1), port) ||
+      *port < 0 || *port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("'", hp, "' is not HOST:PORT"));
   }
   *host = hp.substr(0, colon);
@@ -46,8 +46,8 @@ static absl::StatusOr<addrinfo*> Resolve(const std::string& host_port, bool pass
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve ", host_port, ": ",
-                                               gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", host_port, ": ", gai_strerror(rc)));
   }
   return res;
 }
@@ -104,9 +104,9 @@ absl::StatusOr<int> ListenTcp(const std::string& host_port, int* bound_port) {
       sockaddr_storage ss{};
       socklen_t len = sizeof(ss);
       getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-      *bound_port = ntohs(ss.ss_family == AF_INET
-                              ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
-                              : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+      *bound_port =
+          ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
+                                        : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
       freeaddrinfo(*res);
       return fd;
     }

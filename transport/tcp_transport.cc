@@ -233,8 +233,8 @@ class TcpServer final : public BlockServer {
     }
     if (resp.status == WireStatus::kOk && via_rdma) {
       // Read into the registered buffer, write it into the client's, then answer over TCP.
-      ssize_t n = pread(block->fd, rdma->buffer(), q.length,
-                        static_cast<off_t>(block->offset + q.offset));
+      ssize_t n =
+          pread(block->fd, rdma->buffer(), q.length, static_cast<off_t>(block->offset + q.offset));
       absl::Status st = n == static_cast<ssize_t>(q.length)
                             ? rdma->WriteTo(q.length, q.remote_addr, q.rkey, options_.io_timeout)
                             : absl::DataLossError("short read of the block file");
@@ -313,7 +313,7 @@ class TcpTransport final : public BlockTransport {
     }
     auto fd = ConnectTcp(peer, options_.connect_timeout, options_.io_timeout);
     if (!fd.ok()) return fd.status();
-    absl::Status s = Handshake(*fd, peer);
+    absl::Status s = ClientHandshake(*fd, peer, options_.token);
     if (!s.ok()) {
       close(*fd);
       return s;
@@ -329,24 +329,6 @@ class TcpTransport final : public BlockTransport {
     } else {
       close(fd);
     }
-  }
-
-  absl::Status Handshake(int fd, const std::string& peer) {
-    std::string hf(kHelloSize, '\0');
-    absl::Status s = ReadFull(fd, hf.data(), hf.size());
-    if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
-    auto hello = DecodeHello(hf);
-    if (!hello) return absl::DataLossError(absl::StrCat("peer ", peer, ": bad hello"));
-    Auth auth;
-    auth.mac = TokenMac(options_.token, hello->nonce);
-    std::string af = EncodeAuth(auth);
-    s = WriteFull(fd, af.data(), af.size());
-    std::string rf(kAuthReplySize, '\0');
-    if (s.ok()) s = ReadFull(fd, rf.data(), rf.size());
-    if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
-    auto reply = DecodeAuthReply(rf);
-    if (!reply) return absl::DataLossError(absl::StrCat("peer ", peer, ": bad auth reply"));
-    return FromWire(reply->status, peer);
   }
 
   absl::Status FetchOn(int fd, const std::string& peer, const BlockAddr& addr, uint64_t offset,
@@ -368,8 +350,8 @@ class TcpTransport final : public BlockTransport {
     }
     if (resp->status != WireStatus::kOk) return FromWire(resp->status, peer);
     if (resp->length != length) {
-      return absl::DataLossError(absl::StrCat("peer ", peer, ": answered ", resp->length,
-                                              " bytes for ", length));
+      return absl::DataLossError(
+          absl::StrCat("peer ", peer, ": answered ", resp->length, " bytes for ", length));
     }
     s = ReadFull(fd, buf, length);  // straight into the caller's buffer
     if (!s.ok()) {

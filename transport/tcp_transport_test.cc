@@ -113,8 +113,9 @@ TEST_F(TcpTransportTest, CleanErrors) {
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(server_->GetStats().refused, 1u);
   // Nobody listening.
-  EXPECT_EQ(client->Fetch(absl::StrCat("127.0.0.1:", testing::FreePort()), {1, 1, 5, 0}, 0, 10,
-                          buf.data(), nullptr)
+  EXPECT_EQ(client
+                ->Fetch(absl::StrCat("127.0.0.1:", testing::FreePort()), {1, 1, 5, 0}, 0, 10,
+                        buf.data(), nullptr)
                 .code(),
             absl::StatusCode::kUnavailable);
   ExpectServerStillServes();

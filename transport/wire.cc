@@ -6,6 +6,9 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+#include "transport/socket_util.h"
+
 namespace ember::transport {
 namespace {
 
@@ -55,7 +58,8 @@ class Reader {
       return 0;
     }
     uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+    for (int i = 0; i < n; i++)
+      v |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
     pos_ += n;
     return v;
   }
@@ -202,7 +206,8 @@ size_t ClientFrameSize(std::string_view header) {
   if (header.size() < kHeaderSize) return 0;
   auto u = [&](size_t off, int n) {
     uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= static_cast<uint64_t>(static_cast<uint8_t>(header[off + i])) << (8 * i);
+    for (int i = 0; i < n; i++)
+      v |= static_cast<uint64_t>(static_cast<uint8_t>(header[off + i])) << (8 * i);
     return v;
   };
   if (u(0, 4) != kMagic || u(4, 2) != kVersion) return 0;
@@ -265,6 +270,31 @@ std::array<uint8_t, 32> RandomNonce() {
   std::array<uint8_t, 32> n{};
   RAND_bytes(n.data(), static_cast<int>(n.size()));
   return n;
+}
+
+absl::Status ClientHandshake(int fd, const std::string& peer, std::string_view token) {
+  std::string hf(kHelloSize, '\0');
+  absl::Status s = ReadFull(fd, hf.data(), hf.size());
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+  auto hello = DecodeHello(hf);
+  if (!hello) return absl::DataLossError(absl::StrCat("peer ", peer, ": bad hello"));
+  Auth auth;
+  auth.mac = TokenMac(token, hello->nonce);
+  std::string af = EncodeAuth(auth);
+  s = WriteFull(fd, af.data(), af.size());
+  std::string rf(kAuthReplySize, '\0');
+  if (s.ok()) s = ReadFull(fd, rf.data(), rf.size());
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+  auto reply = DecodeAuthReply(rf);
+  if (!reply) return absl::DataLossError(absl::StrCat("peer ", peer, ": bad auth reply"));
+  if (reply->status == WireStatus::kUnauthorized) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("peer ", peer, ": unauthorized (cluster token refused)"));
+  }
+  if (reply->status != WireStatus::kOk) {
+    return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", WireStatusName(reply->status)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ember::transport

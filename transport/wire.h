@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "common/ids.h"
 
 namespace ember::transport {
@@ -22,8 +23,14 @@ inline constexpr uint32_t kMagic = 0x31424d45;  // "EMB1"
 inline constexpr uint16_t kVersion = 1;
 inline constexpr uint32_t kMaxLength = 64u << 20;  // largest block
 
-enum class FrameType : uint16_t { kHello = 1, kAuth = 2, kAuthReply = 3, kRequest = 4,
-                                  kResponse = 5, kQpInfo = 6 };
+enum class FrameType : uint16_t {
+  kHello = 1,
+  kAuth = 2,
+  kAuthReply = 3,
+  kRequest = 4,
+  kResponse = 5,
+  kQpInfo = 6
+};
 
 // Every frame starts with magic (4), version (2) and type (2).
 inline constexpr size_t kHeaderSize = 8;
@@ -37,7 +44,7 @@ enum class WireStatus : uint32_t {
   kUnauthorized = 3,  // missing or wrong token
   kBusy = 4,          // server at its connection or load limit
   kInternal = 5,
-  kUnsupported = 6,   // e.g. RDMA asked of a server without a device
+  kUnsupported = 6,  // e.g. RDMA asked of a server without a device
 };
 const char* WireStatusName(WireStatus s);
 
@@ -60,9 +67,9 @@ inline constexpr size_t kAuthReplySize = 4 + 2 + 2 + 4;
 struct Request {
   uint64_t request_id = 0;
   BlockAddr addr;
-  BlockId id;            // must equal MakeBlockId(addr)
-  uint64_t offset = 0;   // within the block
-  uint32_t length = 0;   // bytes wanted
+  BlockId id;           // must equal MakeBlockId(addr)
+  uint64_t offset = 0;  // within the block
+  uint32_t length = 0;  // bytes wanted
   // RDMA only: where the server writes the bytes.
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
@@ -100,7 +107,7 @@ struct QpInfo {
   uint32_t psn = 0;
   uint64_t addr = 0;  // the sender's registered buffer
   uint32_t rkey = 0;
-  uint32_t mtu = 0;   // enum ibv_mtu
+  uint32_t mtu = 0;  // enum ibv_mtu
 };
 inline constexpr size_t kQpInfoSize = 8 + 4 + 2 + 16 + 4 + 8 + 4 + 4;
 std::string EncodeQpInfo(const QpInfo& q);
@@ -111,5 +118,9 @@ std::array<uint8_t, 32> TokenMac(std::string_view token, const std::array<uint8_
 // Constant-time comparison.
 bool MacEqual(const std::array<uint8_t, 32>& a, const std::array<uint8_t, 32>& b);
 std::array<uint8_t, 32> RandomNonce();
+
+// The client side of the challenge on a connected socket: reads Hello, answers Auth, reads
+// AuthReply. Returns: Ok; PermissionDenied (token refused); Unavailable; DataLoss (bad frame).
+absl::Status ClientHandshake(int fd, const std::string& peer, std::string_view token);
 
 }  // namespace ember::transport

@@ -1,7 +1,6 @@
 #include "tests/testing/cluster.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/mount.h>
 
 #include <filesystem>
@@ -31,8 +30,8 @@ void MetaProcess::Start() {
       std::vector<std::string>{EMBER_BINARY, "meta", "--listen", address_, "--data-dir",
                                dir_ + "/data", "--lease", lease_},
       absl::StrCat(dir_, "/meta-", starts_++));
-  bool up = WaitFor([&] { return PortOpen(address_) || !process_->Running(); },
-                    std::chrono::seconds(20));
+  bool up =
+      WaitFor([&] { return PortOpen(address_) || !process_->Running(); }, std::chrono::seconds(20));
   up = up && WaitFor([&] { return client_->ListDatasets().ok() || !process_->Running(); },
                      std::chrono::seconds(20));
   ASSERT_TRUE(up && process_->Running()) << "meta did not start: " << process_->Stderr();
@@ -64,7 +63,7 @@ NodeProcess::NodeProcess(const std::string& dir, const std::string& meta_address
   cache_dir_ = dir_ + "/cache";
   std::filesystem::create_directories(mount_);
   std::filesystem::create_directories(cache_dir_);
-  port_ = FreePort();
+  port_ = FreePort(options_.listen_host);
 }
 
 NodeProcess::~NodeProcess() {
@@ -76,10 +75,24 @@ NodeProcess::~NodeProcess() {
 }
 
 bool NodeProcess::Start() {
-  std::vector<std::string> argv{EMBER_BINARY, "node", "--meta", meta_, "--listen",
-                                absl::StrCat(options_.listen_host, ":", port_), "--cache-dir",
-                                cache_dir_, "--cache-size", options_.cache_size, "--mount", mount_,
-                                "--node-id", options_.id};
+  // Tests run in parallel: a port free a moment ago may be taken; pick another and retry.
+  for (int attempt = 0; attempt < 3; attempt++) {
+    if (StartOnce()) return true;
+    if (Log().find("Address already in use") == std::string::npos) break;
+    port_ = FreePort(options_.listen_host);
+  }
+  ADD_FAILURE() << "node did not mount: " << Log();
+  return false;
+}
+
+bool NodeProcess::StartOnce() {
+  std::vector<std::string> argv{EMBER_BINARY,   "node",
+                                "--meta",       meta_,
+                                "--listen",     absl::StrCat(options_.listen_host, ":", port_),
+                                "--cache-dir",  cache_dir_,
+                                "--cache-size", options_.cache_size,
+                                "--mount",      mount_,
+                                "--node-id",    options_.id};
   argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
   process_ = std::make_unique<Process>(argv, absl::StrCat(dir_, "/node-", starts_++));
   // Mounted by this process (an old stale mount may still be listed until it is cleaned up).
@@ -89,11 +102,7 @@ bool NodeProcess::Start() {
                !process_->Running();
       },
       std::chrono::seconds(20));
-  if (!up || !process_->Running()) {
-    ADD_FAILURE() << "node did not mount: " << Log();
-    return false;
-  }
-  return true;
+  return up && process_->Running();
 }
 
 bool NodeProcess::Stop() {

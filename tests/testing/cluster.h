@@ -60,6 +60,7 @@ class NodeProcess {
   std::string Log() const;
 
  private:
+  bool StartOnce();
   std::string dir_, meta_, mount_, cache_dir_;
   Options options_;
   int port_ = 0, starts_ = 0;

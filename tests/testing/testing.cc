@@ -1,7 +1,7 @@
 #include "tests/testing/testing.h"
 
-#include <fcntl.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -107,11 +107,11 @@ RunResult RunEmber(const std::vector<std::string>& args, std::vector<std::string
   return r;
 }
 
-int FreePort() {
+int FreePort(const std::string& host) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
   addr.sin_port = 0;
   bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
@@ -169,6 +169,25 @@ std::string ReadFile(const std::string& path) {
 void WriteFile(const std::string& path, const std::string& data) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << data;
+}
+
+std::string ReadUncached(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return "<open failed: " + std::string(strerror(errno)) + ">";
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      out = "<read failed: " + std::string(strerror(errno)) + ">";
+      break;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
 }
 
 size_t PeakRss(pid_t pid) {

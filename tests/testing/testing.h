@@ -59,8 +59,8 @@ struct RunResult {
 RunResult RunEmber(const std::vector<std::string>& args, std::vector<std::string> env = {},
                    std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort();
+// A TCP port on `host` (an IPv4 loopback address) that was free a moment ago.
+int FreePort(const std::string& host = "127.0.0.1");
 
 // True if a TCP connection to host:port (IPv4) succeeds now.
 bool PortOpen(const std::string& host_port);
@@ -73,6 +73,10 @@ bool WaitFor(const std::function<bool()>& pred,
 void WriteRandomFile(const std::string& path, size_t size, uint64_t seed);
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& data);
+
+// Reads a file through the kernel after dropping its page cache (so a FUSE daemon is asked);
+// "<open failed: ...>" / "<read failed: ...>" on errors.
+std::string ReadUncached(const std::string& path);
 
 // Peak resident set size (VmHWM) of a process in bytes, 0 if unknown.
 size_t PeakRss(pid_t pid);

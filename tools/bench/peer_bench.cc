@@ -144,9 +144,10 @@ int main(int argc, char** argv) {
   }
   std::sort(lat_ms.begin(), lat_ms.end());
   double em = Median(ember_mibs), rm = Median(raw_mibs);
-  std::printf("| peer fill goodput, %.0f MiB in 4 MiB blocks, %d fill stream(s) (MiB/s) | %.0f | "
-              "raw TCP, 1 stream: %.0f | %.2f |\n",
-              size / 1048576.0, streams, em, rm, em / rm);
+  std::printf(
+      "| peer fill goodput, %.0f MiB in 4 MiB blocks, %d fill stream(s) (MiB/s) | %.0f | "
+      "raw TCP, 1 stream: %.0f | %.2f |\n",
+      size / 1048576.0, streams, em, rm, em / rm);
   std::printf("\nOne 4 MiB block fetch: median %.2f ms, p95 %.2f ms (50 fetches).\n",
               lat_ms[lat_ms.size() / 2], lat_ms[lat_ms.size() * 95 / 100]);
   std::printf("Raw: ember=[");
