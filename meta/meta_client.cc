@@ -256,4 +256,31 @@ absl::StatusOr<rpc::LocalityResponse> MetaClient::Locality(const std::string& da
   return impl_->Unary<rpc::LocalityRequest, rpc::LocalityResponse>(req, &rpc::Meta::Stub::Locality);
 }
 
+absl::StatusOr<rpc::Job> MetaClient::SubmitJob(const rpc::JobSpec& spec) {
+  return impl_->Unary<rpc::JobSpec, rpc::Job>(spec, &rpc::Meta::Stub::SubmitJob);
+}
+
+absl::StatusOr<rpc::Job> MetaClient::GetJob(const std::string& ref) {
+  rpc::JobRef r;
+  r.set_id(ref);
+  return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::GetJob);
+}
+
+absl::StatusOr<rpc::ListJobsResponse> MetaClient::ListJobs() {
+  return impl_->Unary<rpc::ListJobsRequest, rpc::ListJobsResponse>(rpc::ListJobsRequest(),
+                                                                   &rpc::Meta::Stub::ListJobs);
+}
+
+absl::StatusOr<rpc::Job> MetaClient::CancelJob(const std::string& ref) {
+  rpc::JobRef r;
+  r.set_id(ref);
+  return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::CancelJob);
+}
+
+absl::StatusOr<rpc::Job> MetaClient::CompleteJob(const std::string& ref) {
+  rpc::JobRef r;
+  r.set_id(ref);
+  return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::CompleteJob);
+}
+
 }  // namespace ember::meta

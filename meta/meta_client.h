@@ -67,6 +67,12 @@ class MetaClient {
   absl::Status ReportPrefetch(const std::string& job_id, const rpc::PrefetchNodeProgress& p);
   absl::StatusOr<rpc::LocalityResponse> Locality(const std::string& dataset, uint32_t version);
 
+  absl::StatusOr<rpc::Job> SubmitJob(const rpc::JobSpec& spec);
+  absl::StatusOr<rpc::Job> GetJob(const std::string& ref);
+  absl::StatusOr<rpc::ListJobsResponse> ListJobs();
+  absl::StatusOr<rpc::Job> CancelJob(const std::string& ref);
+  absl::StatusOr<rpc::Job> CompleteJob(const std::string& ref);
+
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;

@@ -1,20 +1,25 @@
 #include "meta/meta_server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/status.h"
+#include "meta/extender.h"
 #include "meta/manifest.h"
 #include "meta/meta.grpc.pb.h"
+#include "meta/scheduler.h"
 #include "meta/store.h"
 
 namespace ember::meta {
@@ -122,8 +127,28 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       std::string id = j.id();
       prefetches_[id] = std::move(j);
     }
-    spdlog::info("meta: loaded {} nodes, {} file location records, {} prefetches", nodes_.size(),
-                 locations, prefetches_.size());
+    ASSIGN_OR_RETURN(auto stored_jobs, store_->ListJobs());
+    for (auto& j : stored_jobs) {
+      uint64_t n = 0;
+      if (j.id().size() > 4 && absl::SimpleAtoi(j.id().substr(4), &n)) {
+        next_job_ = std::max(next_job_, n + 1);
+      }
+      if (j.state() == rpc::Job::QUEUED) queue_.Push(j.id());
+      if (j.state() == rpc::Job::RUNNING || j.state() == rpc::Job::WARMING) {
+        for (const auto& w : j.workers()) gpus_used_[w.node_id()] += j.spec().gpus_per_worker();
+      }
+      if (!j.spec().dataset().empty()) {
+        auto ds = store_->GetDataset(j.spec().dataset());
+        if (ds.ok()) {
+          dataset_ids_[ds->name()] = ds->id();
+          block_sizes_[ds->id()] = ds->block_size();
+        }
+      }
+      std::string id = j.id();
+      jobs_[id] = std::move(j);
+    }
+    spdlog::info("meta: loaded {} nodes, {} file location records, {} prefetches, {} jobs",
+                 nodes_.size(), locations, prefetches_.size(), jobs_.size());
     return absl::OkStatus();
   }
 
@@ -302,6 +327,81 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   grpc::Status Locality(grpc::ServerContext*, const rpc::LocalityRequest* req,
                         rpc::LocalityResponse* resp) override {
     return ToGrpc(DoLocality(*req, resp));
+  }
+
+  // ---- scheduler ----
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const rpc::JobSpec* req, rpc::Job* resp) override {
+    return ToGrpc(DoSubmit(*req, resp));
+  }
+
+  grpc::Status GetJob(grpc::ServerContext*, const rpc::JobRef* req, rpc::Job* resp) override {
+    std::lock_guard lock(jobs_mu_);
+    auto* j = FindJob(req->id());
+    if (j == nullptr) return ToGrpc(UnknownJob(req->id()));
+    *resp = *j;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListJobs(grpc::ServerContext*, const rpc::ListJobsRequest*,
+                        rpc::ListJobsResponse* resp) override {
+    std::lock_guard lock(jobs_mu_);
+    for (const auto& [id, j] : jobs_) *resp->add_jobs() = j;
+    resp->set_queue_length(static_cast<uint32_t>(queue_.jobs().size()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CancelJob(grpc::ServerContext*, const rpc::JobRef* req, rpc::Job* resp) override {
+    return ToGrpc(EndJob(req->id(), rpc::Job::CANCELLED, resp));
+  }
+
+  grpc::Status CompleteJob(grpc::ServerContext*, const rpc::JobRef* req, rpc::Job* resp) override {
+    return ToGrpc(EndJob(req->id(), rpc::Job::COMPLETED, resp));
+  }
+
+  // The kube-scheduler extender's view of Ember.
+  ExtenderContext Extender() {
+    ExtenderContext c;
+    c.fractions = [this](const std::string& name) -> std::optional<std::map<std::string, double>> {
+      auto ds = store_->GetDataset(name);
+      if (!ds.ok()) return std::nullopt;
+      std::lock_guard lock(state_mu_);
+      block_sizes_[ds->id()] = ds->block_size();
+      const std::vector<double>& fr = Fractions(ds->id(), ds->latest_version());
+      std::map<std::string, double> out;
+      for (const auto& n : sched_) {
+        if (n.slot < fr.size() && fr[n.slot] > 0) out[n.id] = fr[n.slot];
+      }
+      return out;
+    };
+    c.known = [this](const std::string& node) {
+      std::lock_guard lock(state_mu_);
+      return nodes_.count(node) > 0;
+    };
+    return c;
+  }
+
+  // Recovery, warm-up checks and the queue, every 200 ms until Stop().
+  void StartSchedulerLoop() {
+    loop_ = std::thread([this] {
+      std::unique_lock lock(loop_mu_);
+      while (!loop_stop_) {
+        loop_cv_.wait_for(lock, std::chrono::milliseconds(200));
+        if (loop_stop_) break;
+        lock.unlock();
+        SchedulePass();
+        lock.lock();
+      }
+    });
+  }
+
+  void StopSchedulerLoop() {
+    {
+      std::lock_guard lock(loop_mu_);
+      loop_stop_ = true;
+    }
+    loop_cv_.notify_all();
+    if (loop_.joinable()) loop_.join();
   }
 
   grpc::Status ListNodes(grpc::ServerContext*, const rpc::ListNodesRequest*,
@@ -521,6 +621,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   // Forgets in-memory locations of a dataset (version 0 = all versions).
   void DropLocations(uint32_t ds, uint32_t version) {
     std::lock_guard lock(state_mu_);
+    location_generation_++;
     for (auto it = locations_.begin(); it != locations_.end();) {
       if (it->first.dataset_id == ds && (version == 0 || it->first.version == version)) {
         for (auto& [node, bitmap] : it->second) node_files_[node].erase(it->first);
@@ -599,6 +700,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     {
       std::lock_guard lock(state_mu_);
       nodes_[n.id()] = NodeEntry{n, Clock::now()};
+      nodes_version_++;
     }
     spdlog::info("meta: node {} registered at {} ({} GPUs, capacity {} bytes)", n.id(), n.address(),
                  n.gpus(), n.capacity_bytes());
@@ -644,6 +746,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     };
     for (const auto& b : req.added()) apply(b, true);
     for (const auto& b : req.removed()) apply(b, false);
+    if (!touched.empty() || req.full_report_start()) location_generation_++;
     for (const FileKey& k : touched) {
       auto it = locations_.find(k);
       std::string bitmap = it->second[node];
@@ -936,8 +1039,394 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return absl::OkStatus();
   }
 
+  static absl::Status UnknownJob(const std::string& id) {
+    return absl::NotFoundError(absl::StrCat("unknown job '", id, "'"));
+  }
+
+  // REQUIRES: jobs_mu_. By id, or by name (the newest job of that name).
+  rpc::Job* FindJob(const std::string& ref) {
+    auto it = jobs_.find(ref);
+    if (it != jobs_.end()) return &it->second;
+    rpc::Job* best = nullptr;
+    for (auto& [id, j] : jobs_) {
+      if (j.spec().name() == ref &&
+          (best == nullptr || j.submitted_unix_ms() >= best->submitted_unix_ms())) {
+        best = &j;
+      }
+    }
+    return best;
+  }
+
+  static void Event(rpc::Job* j, const std::string& what) {
+    j->add_events(absl::StrCat(NowUnixMs(), " ", what));
+  }
+
+  // Resident fraction of a dataset version per node slot (see Snapshot), from the location
+  // bitmaps; cached until locations or nodes change. REQUIRES: state_mu_.
+  const std::vector<double>& Fractions(uint32_t ds, uint32_t version) {
+    Snapshot();
+    auto& cached = fractions_[{ds, version}];
+    if (cached.valid && cached.generation == location_generation_ &&
+        cached.nodes_version == sched_version_) {
+      return cached.by_slot;
+    }
+    cached.valid = true;
+    cached.generation = location_generation_;
+    cached.nodes_version = sched_version_;
+    cached.by_slot.assign(sched_.size(), 0.0);
+    auto sizes = FileSizes(ds, version);
+    uint64_t bs = block_sizes_.count(ds) ? block_sizes_[ds] : kDefaultBlockSize;
+    if (!sizes.ok()) return cached.by_slot;
+    uint64_t total = 0;
+    for (uint64_t sz : **sizes) total += sz;
+    if (total == 0) return cached.by_slot;
+    std::map<std::string, uint64_t> bytes;
+    for (auto it = locations_.lower_bound(FileKey{ds, version, 0});
+         it != locations_.end() && it->first.dataset_id == ds && it->first.version == version;
+         ++it) {
+      uint64_t sz = it->first.file_id < (*sizes)->size() ? (**sizes)[it->first.file_id] : 0;
+      for (const auto& [node, bitmap] : it->second) {
+        for (uint64_t i = 0; i < bitmap.size() * 8 && i * bs < sz; i++) {
+          if (TestBit(bitmap, i)) bytes[node] += std::min(bs, sz - i * bs);
+        }
+      }
+    }
+    for (const auto& [node, b] : bytes) {
+      auto slot = sched_slot_.find(node);
+      if (slot != sched_slot_.end()) {
+        cached.by_slot[slot->second] = static_cast<double>(b) / total;
+      }
+    }
+    return cached.by_slot;
+  }
+
+  // REQUIRES: state_mu_ and jobs_mu_ (or state_mu_ alone when only reading). The nodes as the
+  // scheduler sees them, kept between calls: rebuilt when nodes register, otherwise only their
+  // liveness is refreshed. GPUs in use are updated in place through AddUsed().
+  std::vector<SchedNode>& Snapshot() {
+    if (sched_version_ != nodes_version_) {
+      sched_.clear();
+      sched_entries_.clear();
+      sched_slot_.clear();
+      std::map<std::string, int> sw_ids, rack_ids;
+      for (const auto& [id, e] : nodes_) {
+        const auto& labels = e.node.labels();
+        SchedNode n;
+        n.id = id;
+        n.sw = labels.count("switch") ? labels.at("switch") : "";
+        n.rack = labels.count("rack") ? labels.at("rack") : "";
+        n.sw_id = sw_ids.emplace(n.sw, sw_ids.size()).first->second;
+        n.rack_id = rack_ids.emplace(n.rack, rack_ids.size()).first->second;
+        n.gpus = e.node.gpus();
+        auto u = gpus_used_.find(id);
+        n.used = u == gpus_used_.end() ? 0 : u->second;
+        n.slot = sched_.size();
+        sched_slot_[id] = n.slot;
+        sched_.push_back(std::move(n));
+        sched_entries_.push_back(&e);
+      }
+      sched_version_ = nodes_version_;
+    }
+    const Clock::time_point now = Clock::now();
+    for (size_t i = 0; i < sched_.size(); i++) {
+      sched_[i].alive = now - sched_entries_[i]->last_heartbeat <= options_.lease;
+    }
+    return sched_;
+  }
+
+  // REQUIRES: state_mu_ and jobs_mu_.
+  void AddUsed(const std::string& node, int64_t gpus) {
+    gpus_used_[node] = static_cast<uint32_t>(static_cast<int64_t>(gpus_used_[node]) + gpus);
+    auto slot = sched_slot_.find(node);
+    if (slot != sched_slot_.end()) sched_[slot->second].used = gpus_used_[node];
+  }
+
+  static Topology ParseTopology(const std::string& t) {
+    return t == "same-switch" ? Topology::kSameSwitch
+           : t == "same-rack" ? Topology::kSameRack
+                              : Topology::kNone;
+  }
+
+  absl::Status DoSubmit(const rpc::JobSpec& in, rpc::Job* out) {
+    if (in.name().empty()) return absl::InvalidArgumentError("job name is empty");
+    if (in.workers() == 0 || in.workers() > 100'000) {
+      return absl::InvalidArgumentError("workers must be between 1 and 100000");
+    }
+    if (in.gpus_per_worker() == 0 || in.gpus_per_worker() > 1024) {
+      return absl::InvalidArgumentError("gpus per worker must be between 1 and 1024");
+    }
+    if (!in.data_mode().empty() && in.data_mode() != "preferred" && in.data_mode() != "required") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data mode '", in.data_mode(), "' must be preferred or required"));
+    }
+    if (!in.topology().empty() && in.topology() != "same-switch" && in.topology() != "same-rack" &&
+        in.topology() != "none") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("topology '", in.topology(), "' must be same-switch, same-rack or none"));
+    }
+    rpc::Job job;
+    *job.mutable_spec() = in;
+    if (!in.dataset().empty()) {
+      ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(in.dataset()));
+      uint32_t v = in.version() == 0 ? ds.latest_version() : in.version();
+      job.mutable_spec()->set_version(v);
+      std::lock_guard lock(state_mu_);
+      block_sizes_[ds.id()] = ds.block_size();
+      dataset_ids_[ds.name()] = ds.id();
+    } else if (in.data_mode() == "required") {
+      return absl::InvalidArgumentError("data mode required needs a dataset");
+    }
+    if (job.spec().data_mode().empty()) job.mutable_spec()->set_data_mode("preferred");
+    {
+      // A gang that cannot fit even the empty cluster would wait forever: refuse it now.
+      std::lock_guard slock(state_mu_);
+      std::lock_guard lock(jobs_mu_);
+      // Workers each live node could take with all its GPUs free, summed per domain.
+      const std::vector<SchedNode>& nodes = Snapshot();
+      uint32_t live = 0;
+      uint64_t total = 0;
+      std::map<int, uint64_t> per_switch, per_rack;
+      Topology topo = ParseTopology(in.topology());
+      for (const auto& n : nodes) {
+        if (!n.alive) continue;
+        live += n.gpus;
+        uint64_t k = n.gpus / in.gpus_per_worker();
+        total += k;
+        if (topo == Topology::kSameSwitch) per_switch[n.sw_id] += k;
+        if (topo == Topology::kSameRack) per_rack[n.rack_id] += k;
+      }
+      uint64_t best = total;
+      if (topo != Topology::kNone) {
+        best = 0;
+        for (const auto& [id, k] : topo == Topology::kSameSwitch ? per_switch : per_rack) {
+          best = std::max(best, k);
+        }
+      }
+      if (best < in.workers()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job needs ", in.workers(), " x ", in.gpus_per_worker(), " GPUs",
+                         topo == Topology::kNone ? "" : " under one " + in.topology().substr(5),
+                         "; the live cluster has ", live, " GPUs and could never fit it"));
+      }
+    }
+    {
+      std::lock_guard lock(jobs_mu_);
+      job.set_id(absl::StrCat("job-", next_job_++));
+      job.set_state(rpc::Job::QUEUED);
+      job.set_submitted_unix_ms(NowUnixMs());
+      Event(&job, "submitted");
+      jobs_[job.id()] = job;
+      queue_.Push(job.id());
+    }
+    SchedulePass(/*full=*/false);  // place it now if it fits
+    std::lock_guard lock(jobs_mu_);
+    *out = jobs_[job.id()];
+    (void)store_->PutJob(*out);
+    return absl::OkStatus();
+  }
+
+  absl::Status EndJob(const std::string& ref, rpc::Job::State state, rpc::Job* out) {
+    {
+      std::lock_guard slock(state_mu_);
+      std::lock_guard lock(jobs_mu_);
+      rpc::Job* j = FindJob(ref);
+      if (j == nullptr) return UnknownJob(ref);
+      if (j->state() == rpc::Job::COMPLETED || j->state() == rpc::Job::CANCELLED) {
+        return absl::FailedPreconditionError(absl::StrCat("job '", ref, "' has already ended"));
+      }
+      for (const auto& w : j->workers()) {
+        AddUsed(w.node_id(), -static_cast<int64_t>(j->spec().gpus_per_worker()));
+      }
+      queue_.Remove(j->id());
+      j->set_state(state);
+      Event(j, state == rpc::Job::COMPLETED ? "completed" : "cancelled");
+      (void)store_->PutJob(*j);
+      *out = *j;
+    }
+    SchedulePass(/*full=*/false);  // freed GPUs may let queued jobs start
+    return absl::OkStatus();
+  }
+
+  // REQUIRES: state_mu_ and jobs_mu_. Places a queued job if its gang fits.
+  bool TryPlace(rpc::Job* j, std::vector<std::string>* prefetches) {
+    GangRequest req;
+    req.workers = j->spec().workers();
+    req.gpus_per_worker = j->spec().gpus_per_worker();
+    req.topology = ParseTopology(j->spec().topology());
+    const std::vector<double>* fr = nullptr;
+    if (!j->spec().dataset().empty()) {
+      fr = &Fractions(dataset_ids_[j->spec().dataset()], j->spec().version());
+    }
+    auto locality = [&](const SchedNode& n) {
+      return fr != nullptr && n.slot < fr->size() ? (*fr)[n.slot] : 0.0;
+    };
+    std::vector<SchedNode>& nodes = Snapshot();
+    auto placements = PlaceGang(req, nodes, locality, 2);
+    if (placements.empty()) return false;
+    const Placement& best = placements[0];
+    j->clear_workers();
+    for (size_t i = 0; i < best.nodes.size(); i++) {
+      const std::string& id = best.nodes[i];
+      AddUsed(id, req.gpus_per_worker);
+      const SchedNode& n = nodes[sched_slot_[id]];
+      auto* w = j->add_workers();
+      w->set_index(static_cast<uint32_t>(i));
+      w->set_node_id(id);
+      w->set_locality(locality(n));
+      w->set_switch_label(n.sw);
+      w->set_rack(n.rack);
+      w->set_free_gpus_after(n.gpus - n.used);
+    }
+    auto summarize = [](const Placement& p, rpc::CandidateSummary* c) {
+      c->set_domain(p.domain);
+      for (const auto& n : p.nodes) c->add_nodes(n);
+      c->set_locality(p.score.locality);
+      c->set_switches(p.score.switches);
+      c->set_racks(p.score.racks);
+      c->set_leftover_gpus(p.score.leftover_gpus);
+    };
+    summarize(best, j->mutable_chosen());
+    j->clear_runners_up();
+    for (size_t i = 1; i < placements.size(); i++) summarize(placements[i], j->add_runners_up());
+    j->set_placed_unix_ms(NowUnixMs());
+    if (j->spec().data_mode() == "required" && best.score.locality < 0.999) {
+      j->set_state(rpc::Job::WARMING);
+      Event(j, absl::StrCat("placed on ", best.domain, " (locality ", best.score.locality,
+                            "); warming the dataset there"));
+      prefetches->push_back(j->id());
+    } else {
+      j->set_state(rpc::Job::RUNNING);
+      j->set_started_unix_ms(NowUnixMs());
+      Event(j, absl::StrCat("placed on ", best.domain, " (locality ", best.score.locality,
+                            "); running"));
+    }
+    return true;
+  }
+
+  // One scheduler pass: recover workers of dead nodes and start warmed jobs (full passes, from
+  // the loop), and place queued jobs.
+  void SchedulePass(bool full = true) {
+    std::vector<std::string> need_prefetch;
+    std::vector<std::pair<std::string, std::string>> check_warm;  // job id, prefetch id
+    {
+      std::lock_guard slock(state_mu_);
+      std::lock_guard lock(jobs_mu_);
+      std::vector<SchedNode>& nodes = Snapshot();
+      for (auto& [id, j] : jobs_) {
+        if (!full) break;
+        if (j.state() != rpc::Job::RUNNING && j.state() != rpc::Job::WARMING) continue;
+        if (j.state() == rpc::Job::WARMING && !j.prefetch_id().empty()) {
+          check_warm.emplace_back(id, j.prefetch_id());
+        }
+        for (auto& w : *j.mutable_workers()) {
+          auto slot = sched_slot_.find(w.node_id());
+          const SchedNode* old = slot == sched_slot_.end() ? nullptr : &nodes[slot->second];
+          if (old != nullptr && old->alive) continue;
+          // The node died: move this worker to the best live node with room.
+          const std::vector<double>* fr =
+              j.spec().dataset().empty()
+                  ? nullptr
+                  : &Fractions(dataset_ids_[j.spec().dataset()], j.spec().version());
+          auto locality = [&](const SchedNode& n) {
+            return fr != nullptr && n.slot < fr->size() ? (*fr)[n.slot] : 0.0;
+          };
+          auto target = PlaceOne(j.spec().gpus_per_worker(), nodes, locality, old);
+          if (!target) continue;  // no room yet; try again next pass
+          AddUsed(w.node_id(), -static_cast<int64_t>(j.spec().gpus_per_worker()));
+          AddUsed(*target, j.spec().gpus_per_worker());
+          int64_t died =
+              nodes_.count(w.node_id())
+                  ? nodes_[w.node_id()].node.last_heartbeat_unix_ms() + options_.lease.count()
+                  : NowUnixMs();
+          Event(&j, absl::StrCat("worker ", w.index(), " moved from ", w.node_id(), " (dead) to ",
+                                 *target, "; ", NowUnixMs() - died,
+                                 " ms after the node's lease expired"));
+          spdlog::info("meta: job {} worker {} re-placed from {} to {}", id, w.index(), w.node_id(),
+                       *target);
+          w.set_node_id(*target);
+          w.set_locality(locality(nodes[sched_slot_[*target]]));
+          (void)store_->PutJob(j);
+        }
+      }
+      queue_.Schedule([&](const std::string& id) {
+        auto it = jobs_.find(id);
+        if (it == jobs_.end()) return true;  // gone: drop from the queue
+        bool placed = TryPlace(&it->second, &need_prefetch);
+        if (placed) (void)store_->PutJob(it->second);
+        return placed;
+      });
+    }
+    // Outside the locks: start prefetches for required-mode jobs, and start warmed ones.
+    for (const auto& id : need_prefetch) {
+      rpc::PrefetchSpec spec;
+      {
+        std::lock_guard lock(jobs_mu_);
+        const rpc::Job& j = jobs_[id];
+        spec.set_dataset(j.spec().dataset());
+        spec.set_version(j.spec().version());
+        std::set<std::string> nodes;
+        for (const auto& w : j.workers()) nodes.insert(w.node_id());
+        for (const auto& n : nodes) spec.add_nodes(n);
+        spec.set_mode(rpc::PrefetchSpec::FULL);
+      }
+      rpc::PrefetchJob pj;
+      absl::Status st = DoStartPrefetch(spec, &pj);
+      std::lock_guard lock(jobs_mu_);
+      rpc::Job& j = jobs_[id];
+      if (st.ok()) {
+        j.set_prefetch_id(pj.id());
+        Event(&j, absl::StrCat("prefetch ", pj.id(), " started"));
+      } else {
+        Event(&j, absl::StrCat("prefetch failed: ", st.message(), "; starting anyway"));
+        j.set_state(rpc::Job::RUNNING);
+        j.set_started_unix_ms(NowUnixMs());
+      }
+      (void)store_->PutJob(j);
+    }
+    for (const auto& [job_id, pf] : check_warm) {
+      rpc::PrefetchJob::State st;
+      {
+        std::lock_guard lock(prefetch_mu_);
+        auto it = prefetches_.find(pf);
+        if (it == prefetches_.end()) continue;
+        st = it->second.state();
+      }
+      if (st == rpc::PrefetchJob::RUNNING) continue;
+      std::lock_guard lock(jobs_mu_);
+      rpc::Job& j = jobs_[job_id];
+      if (j.state() != rpc::Job::WARMING) continue;
+      j.set_state(rpc::Job::RUNNING);
+      j.set_started_unix_ms(NowUnixMs());
+      Event(&j, absl::StrCat("dataset warm (prefetch ", pf, "); running"));
+      (void)store_->PutJob(j);
+    }
+  }
+
   std::unique_ptr<MetaStore> store_;
   MetaOptions options_;
+  std::mutex jobs_mu_;                    // after state_mu_ when both are held
+  std::map<std::string, rpc::Job> jobs_;  // GUARDED_BY(jobs_mu_)
+  JobQueue queue_;                        // GUARDED_BY(jobs_mu_)
+  uint64_t next_job_ = 1;
+  std::map<std::string, uint32_t> gpus_used_;  // GUARDED_BY(state_mu_ + jobs_mu_)
+  struct FractionCache {
+    uint64_t generation = 0;
+    uint64_t nodes_version = 0;
+    bool valid = false;
+    std::vector<double> by_slot;
+  };
+  std::vector<SchedNode> sched_;                        // GUARDED_BY(state_mu_), see Snapshot()
+  std::vector<const NodeEntry*> sched_entries_;         // GUARDED_BY(state_mu_)
+  std::unordered_map<std::string, size_t> sched_slot_;  // GUARDED_BY(state_mu_)
+  uint64_t nodes_version_ = 1, sched_version_ = 0;      // GUARDED_BY(state_mu_)
+  std::map<std::pair<uint32_t, uint32_t>, FractionCache> fractions_;  // GUARDED_BY(state_mu_)
+  std::map<uint32_t, uint64_t> block_sizes_;                          // GUARDED_BY(state_mu_)
+  std::map<std::string, uint32_t> dataset_ids_;                       // GUARDED_BY(state_mu_)
+  uint64_t location_generation_ = 1;                                  // GUARDED_BY(state_mu_)
+  std::thread loop_;
+  std::mutex loop_mu_;
+  std::condition_variable loop_cv_;
+  bool loop_stop_ = false;
   std::mutex prefetch_mu_;                              // after state_mu_ when both are held
   std::map<std::string, rpc::PrefetchJob> prefetches_;  // GUARDED_BY(prefetch_mu_)
   uint64_t next_prefetch_ = 1;
@@ -963,6 +1452,7 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   std::unique_ptr<MetaServer> server(new MetaServer());
   server->service_ = std::make_unique<MetaServiceImpl>(std::move(store), options);
   RETURN_IF_ERROR(server->service_->Load());
+  server->service_->StartSchedulerLoop();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
@@ -974,6 +1464,36 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   }
   spdlog::info("meta: serving on {} (port {}), data in {}", options.listen, server->port_,
                options.data_dir);
+  if (!options.http_listen.empty()) {
+    std::string host;
+    int port = 0;
+    size_t colon = options.http_listen.rfind(':');
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(options.http_listen.substr(colon + 1), &port)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http '", options.http_listen, "' must be HOST:PORT"));
+    }
+    host = options.http_listen.substr(0, colon);
+    auto* svc = server->service_.get();
+    server->http_ = std::make_unique<httplib::Server>();
+    auto& http = *server->http_;
+    http.Post("/scheduler/filter", [svc](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(ExtenderFilter(req.body, svc->Extender()), "application/json");
+    });
+    http.Post("/scheduler/prioritize", [svc](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(ExtenderPrioritize(req.body, svc->Extender()), "application/json");
+    });
+    http.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok\n", "text/plain");
+    });
+    server->http_port_ =
+        port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
+    if (server->http_port_ <= 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on --http ", options.http_listen));
+    }
+    server->http_thread_ = std::thread([&http] { http.listen_after_bind(); });
+    spdlog::info("meta: HTTP (scheduler extender) on {}:{}", host, server->http_port_);
+  }
   return server;
 }
 
@@ -984,6 +1504,9 @@ void MetaServer::Wait() {
 }
 
 void MetaServer::Shutdown() {
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
+  if (service_) service_->StopSchedulerLoop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

@@ -9,10 +9,14 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 
 namespace grpc {
+class Server;
+}
+namespace httplib {
 class Server;
 }
 
@@ -23,6 +27,9 @@ struct MetaOptions {
   std::string data_dir;                   // RocksDB lives here
   // A node whose last heartbeat is older than this is dead: its locations are not returned.
   std::chrono::milliseconds lease{10'000};
+  // HOST:PORT for HTTP (kube-scheduler extender at /scheduler/filter and /scheduler/prioritize,
+  // /healthz); empty = no HTTP.
+  std::string http_listen;
 };
 
 class MetaServiceImpl;
@@ -35,6 +42,7 @@ class MetaServer {
   ~MetaServer();
 
   int port() const { return port_; }
+  int http_port() const { return http_port_; }
   // Blocks until Shutdown() is called from another thread.
   void Wait();
   void Shutdown();
@@ -44,6 +52,9 @@ class MetaServer {
   std::unique_ptr<MetaServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  int http_port_ = 0;
 };
 
 }  // namespace ember::meta

@@ -316,6 +316,24 @@ absl::StatusOr<std::vector<rpc::PrefetchJob>> MetaStore::ListPrefetches() {
   return out;
 }
 
+absl::Status MetaStore::PutJob(const rpc::Job& job) {
+  return FromRocks(db_->Put(rocksdb::WriteOptions(), "job/" + job.id(), job.SerializeAsString()),
+                   "write job");
+}
+
+absl::StatusOr<std::vector<rpc::Job>> MetaStore::ListJobs() {
+  std::vector<rpc::Job> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("job/"); it->Valid() && it->key().starts_with("job/"); it->Next()) {
+    rpc::Job j;
+    if (j.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      out.push_back(std::move(j));
+    }
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list jobs"));
+  return out;
+}
+
 absl::Status MetaStore::PutLocation(const FileKey& key, const std::string& node_id,
                                     const std::string& bitmap) {
   std::string k = FileKeyBytes(key.dataset_id, key.version, key.file_id);

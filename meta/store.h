@@ -84,6 +84,10 @@ class MetaStore {
   absl::Status PutPrefetch(const rpc::PrefetchJob& job);
   absl::StatusOr<std::vector<rpc::PrefetchJob>> ListPrefetches();
 
+  // ---- scheduler jobs (default column family, key "job/<id>") ----
+  absl::Status PutJob(const rpc::Job& job);
+  absl::StatusOr<std::vector<rpc::Job>> ListJobs();
+
   // ---- locations ----
   struct FileKey {
     uint32_t dataset_id = 0;

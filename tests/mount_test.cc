@@ -32,7 +32,6 @@ using testing::WriteRandomFile;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-
 // Returns errno of reading the whole file, 0 if it read fine.
 int ReadErrno(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY);

@@ -168,3 +168,15 @@ data_bytes=$(xargs -a "$OUT/origin-files.txt" stat -c %s | paste -sd+ | bc)
   awk -v ob="$origin_bytes" -v db="$data_bytes" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" 'BEGIN {
     printf "Prefetch of %.2f GiB to 3 nodes (--mode full): origin bytes / dataset bytes = %.3f; wall %.1fs vs one sequential read of the origin %.1fs (%.1fx).\n", db/2^30, ob/db, d-c, b-a, (d-c)/(b-a) }'
 } | tee -a "$OUT/results.md"
+
+kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null || true
+
+# ---- scheduler: 500 nodes / 1000 pods and 10,000 / 10,000 through the real gRPC API ----
+say "scheduler"
+{
+  echo
+  echo "| cluster, pods | end to end through gRPC | in-process scheduling | data resident on chosen nodes: ours vs first-fit |"
+  echo "| --- | --- | --- | --- |"
+  "$BUILD/bin/sched_bench" 500 1000 2>/dev/null
+  "$BUILD/bin/sched_bench" 10000 10000 2>/dev/null
+} | tee -a "$OUT/results.md"

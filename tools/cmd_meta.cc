@@ -17,12 +17,16 @@ void AddMetaCommand(CLI::App& app) {
     std::string listen = meta::kDefaultMetaAddress;
     std::string data_dir;
     std::string lease = "10s";
+    std::string http;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")->capture_default_str();
   cmd->add_option("--data-dir", opts->data_dir, "Directory for the RocksDB store")->required();
   cmd->add_option("--lease", opts->lease, "Node lease: a node silent this long is dead")
       ->capture_default_str();
+  cmd->add_option("--http", opts->http,
+                  "HOST:PORT for HTTP: the kube-scheduler extender (/scheduler/filter, "
+                  "/scheduler/prioritize) and /healthz");
   cmd->callback([opts] {
     if (auto s = ValidateHostPort("--listen", opts->listen); !s.ok()) Fail(s);
     auto lease = ParseDuration(opts->lease);
@@ -33,6 +37,7 @@ void AddMetaCommand(CLI::App& app) {
     options.listen = opts->listen;
     options.data_dir = opts->data_dir;
     options.lease = *lease;
+    options.http_listen = opts->http;
     auto server = meta::MetaServer::Start(options);
     if (!server.ok()) Fail(server.status());
     std::thread waiter([&] {

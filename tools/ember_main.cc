@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   ember::tools::AddStatusCommand(app);
   ember::tools::AddNodeCommands(app);
   ember::tools::AddPrefetchCommands(app);
+  ember::tools::AddJobCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,8 +9,9 @@
 
 namespace ember::testing {
 
-MetaProcess::MetaProcess(const std::string& dir, const std::string& lease)
-    : dir_(dir), lease_(lease) {
+MetaProcess::MetaProcess(const std::string& dir, const std::string& lease,
+                         std::vector<std::string> extra_args)
+    : dir_(dir), lease_(lease), extra_args_(std::move(extra_args)) {
   std::filesystem::create_directories(dir_);
   address_ = absl::StrCat("127.0.0.1:", FreePort());
   client_ = std::make_unique<meta::MetaClient>(address_, std::chrono::seconds(5));
@@ -26,10 +27,10 @@ MetaProcess::~MetaProcess() {
 }
 
 void MetaProcess::Start() {
-  process_ = std::make_unique<Process>(
-      std::vector<std::string>{EMBER_BINARY, "meta", "--listen", address_, "--data-dir",
-                               dir_ + "/data", "--lease", lease_},
-      absl::StrCat(dir_, "/meta-", starts_++));
+  std::vector<std::string> argv{EMBER_BINARY, "meta",         "--listen", address_,
+                                "--data-dir", dir_ + "/data", "--lease",  lease_};
+  argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+  process_ = std::make_unique<Process>(argv, absl::StrCat(dir_, "/meta-", starts_++));
   bool up =
       WaitFor([&] { return PortOpen(address_) || !process_->Running(); }, std::chrono::seconds(20));
   up = up && WaitFor([&] { return client_->ListDatasets().ok() || !process_->Running(); },

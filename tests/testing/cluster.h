@@ -14,7 +14,8 @@ namespace ember::testing {
 class MetaProcess {
  public:
   // Starts meta under dir/meta (data) and waits until it answers.
-  explicit MetaProcess(const std::string& dir, const std::string& lease = "10s");
+  explicit MetaProcess(const std::string& dir, const std::string& lease = "10s",
+                       std::vector<std::string> extra_args = {});
   ~MetaProcess();
 
   const std::string& address() const { return address_; }
@@ -27,6 +28,7 @@ class MetaProcess {
  private:
   void Start();
   std::string dir_, lease_, address_;
+  std::vector<std::string> extra_args_;
   int starts_ = 0;
   std::unique_ptr<Process> process_;
   std::unique_ptr<meta::MetaClient> client_;
