@@ -18,8 +18,7 @@ namespace ember::meta {
 
 struct ExtenderContext {
   // Resident fraction per Ember node id, for a dataset name; nullopt if the dataset is unknown.
-  std::function<std::optional<std::map<std::string, double>>(const std::string& dataset)>
-      fractions;
+  std::function<std::optional<std::map<std::string, double>>(const std::string& dataset)> fractions;
   // True if the node name is an Ember node.
   std::function<bool(const std::string& node)> known;
 };

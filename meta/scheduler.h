@@ -27,8 +27,8 @@ struct SchedNode {
   uint32_t gpus = 0;
   uint32_t used = 0;  // GPUs taken by placed workers
   bool alive = true;
-  size_t slot = 0;    // the caller's index for this node (LocalityFn may use it)
-  int sw_id = -1;     // interned switch / rack; -1: PlaceGang interns the labels itself
+  size_t slot = 0;  // the caller's index for this node (LocalityFn may use it)
+  int sw_id = -1;   // interned switch / rack; -1: PlaceGang interns the labels itself
   int rack_id = -1;
 };
 
