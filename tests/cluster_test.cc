@@ -74,14 +74,7 @@ class ClusterTest : public ::testing::Test {
   }
 
   rpc::NodeStats Settled(NodeProcess& n) {
-    rpc::NodeStats prev;
-    for (int i = 0; i < 40; i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
-      rpc::NodeStats s = n.Stats(meta_->client());
-      if (i > 0 && s.SerializeAsString() == prev.SerializeAsString()) return s;
-      prev = s;
-    }
-    return prev;
+    return n.SettledStats(meta_->client(), std::chrono::milliseconds(800));
   }
 
   TempDir dir_;

@@ -94,16 +94,8 @@ class MountTest : public ::testing::Test {
     return n;
   }
 
-  // Node stats once they stop changing (heartbeats every 300 ms).
   rpc::NodeStats Settled(NodeProcess& n) {
-    rpc::NodeStats prev;
-    for (int i = 0; i < 50; i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(400));
-      rpc::NodeStats s = n.Stats(meta_->client());
-      if (i > 0 && s.SerializeAsString() == prev.SerializeAsString()) return s;
-      prev = s;
-    }
-    return prev;
+    return n.SettledStats(meta_->client(), std::chrono::milliseconds(400));
   }
 
   // Every regular file under the origin, compared through the mount.

@@ -218,12 +218,7 @@ class RdmaTransport final : public BlockTransport {
       it = sessions_.emplace(peer, std::move(*s)).first;
     }
     Session& s = *it->second;
-    Request q;
-    q.request_id = next_id_++;
-    q.addr = addr;
-    q.id = MakeBlockId(addr);
-    q.offset = offset;
-    q.length = length;
+    Request q = MakeRequest(next_id_++, addr, offset, length);
     q.remote_addr = reinterpret_cast<uint64_t>(s.ep->buffer());
     q.rkey = s.ep->local().rkey;
     std::string qf = EncodeRequest(q);

@@ -333,12 +333,7 @@ class TcpTransport final : public BlockTransport {
 
   absl::Status FetchOn(int fd, const std::string& peer, const BlockAddr& addr, uint64_t offset,
                        uint32_t length, char* buf, FetchInfo* info) {
-    Request q;
-    q.request_id = next_id_++;
-    q.addr = addr;
-    q.id = MakeBlockId(addr);
-    q.offset = offset;
-    q.length = length;
+    Request q = MakeRequest(next_id_++, addr, offset, length);
     std::string qf = EncodeRequest(q);
     absl::Status s = WriteFull(fd, qf.data(), qf.size());
     std::string pf(kResponseSize, '\0');

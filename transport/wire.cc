@@ -92,6 +92,16 @@ const char* WireStatusName(WireStatus s) {
   return "unknown";
 }
 
+Request MakeRequest(uint64_t request_id, const BlockAddr& addr, uint64_t offset, uint32_t length) {
+  Request q;
+  q.request_id = request_id;
+  q.addr = addr;
+  q.id = MakeBlockId(addr);
+  q.offset = offset;
+  q.length = length;
+  return q;
+}
+
 std::string EncodeHello(const Hello& h) {
   Writer w(FrameType::kHello);
   w.U32(h.flags);

@@ -85,6 +85,9 @@ struct Response {
 };
 inline constexpr size_t kResponseSize = 4 + 2 + 2 + 4 + 8 + 8 + 4 + 4;
 
+// A request for [offset, offset+length) of a block, its id filled in.
+Request MakeRequest(uint64_t request_id, const BlockAddr& addr, uint64_t offset, uint32_t length);
+
 std::string EncodeHello(const Hello& h);
 std::string EncodeAuth(const Auth& a);
 std::string EncodeAuthReply(const AuthReply& r);

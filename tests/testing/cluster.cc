@@ -4,6 +4,7 @@
 #include <sys/mount.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -124,6 +125,17 @@ rpc::NodeStats NodeProcess::Stats(meta::MetaClient& client) {
     if (n.id() == options_.id) return n.stats();
   }
   return rpc::NodeStats();
+}
+
+rpc::NodeStats NodeProcess::SettledStats(meta::MetaClient& client, std::chrono::milliseconds poll) {
+  rpc::NodeStats prev;
+  for (int i = 0; i < 50; i++) {
+    std::this_thread::sleep_for(poll);
+    rpc::NodeStats s = Stats(client);
+    if (i > 0 && s.SerializeAsString() == prev.SerializeAsString()) return s;
+    prev = s;
+  }
+  return prev;
 }
 
 std::string NodeProcess::Log() const {

@@ -59,6 +59,8 @@ class NodeProcess {
   void Kill(int sig);
   // Stats as last heartbeated to meta (fresh within a heartbeat interval).
   rpc::NodeStats Stats(meta::MetaClient& client);
+  // Stats once two reads `poll` apart agree (poll longer than the heartbeat interval).
+  rpc::NodeStats SettledStats(meta::MetaClient& client, std::chrono::milliseconds poll);
   std::string Log() const;
 
  private:
