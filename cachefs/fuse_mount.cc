@@ -349,6 +349,7 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
   for (auto& a : args) argv.push_back(a.data());
   fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   m->session_ = fuse_session_new(&fargs, &kOps, sizeof(kOps), fs);
+  fuse_opt_free_args(&fargs);  // libfuse may have copied them
   if (m->session_ == nullptr) return absl::InternalError("fuse_session_new failed");
   if (fuse_session_mount(m->session_, mp.c_str()) != 0) {
     fuse_session_destroy(m->session_);
