@@ -11,10 +11,10 @@
 namespace ember::cachefs {
 namespace {
 
-constexpr int kWorkers = 2;
+constexpr int kWorkers = 8;  // fills mostly wait on peers, meta and the disk
 constexpr size_t kMaxFailures = 20;
 constexpr auto kReportEvery = std::chrono::milliseconds(500);
-constexpr auto kRetryDelay = std::chrono::milliseconds(150);
+constexpr auto kRetryDelay = std::chrono::milliseconds(50);
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -197,6 +197,13 @@ void PrefetchRunner::Run(Running* r) {
         if (queue.empty()) return;
         item = queue.front();
         queue.pop_front();
+        // Not due yet (waiting for its owner): take a due one instead if there is any.
+        auto now = std::chrono::steady_clock::now();
+        if (item.not_before > now && !queue.empty() && queue.front().not_before <= now) {
+          queue.push_back(item);
+          item = queue.front();
+          queue.pop_front();
+        }
       }
       auto now = std::chrono::steady_clock::now();
       if (item.not_before > now) std::this_thread::sleep_for(item.not_before - now);

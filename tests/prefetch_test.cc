@@ -122,7 +122,7 @@ TEST_F(PrefetchTest, FullModeWarmsEveryNodeReadingTheOriginOnce) {
   // Origin read once per block for the whole cluster.
   uint64_t origin_reads = 0, origin_bytes = 0;
   for (auto& n : nodes_) {
-    auto s = n->Stats(meta_->client());
+    auto s = n->SettledStats(meta_->client(), std::chrono::milliseconds(800));  // heartbeated
     origin_reads += s.origin_block_reads();
     origin_bytes += s.bytes_from_origin();
   }
@@ -172,7 +172,10 @@ TEST_F(PrefetchTest, StripeModeSpreadsReplicas) {
   EXPECT_EQ(l["replicas_histogram"][2], blocks_);
   // The second replica of every block came from a peer: the origin was read once per block.
   uint64_t origin_reads = 0;
-  for (auto& n : nodes_) origin_reads += n->Stats(meta_->client()).origin_block_reads();
+  for (auto& n : nodes_) {
+    origin_reads +=
+        n->SettledStats(meta_->client(), std::chrono::milliseconds(800)).origin_block_reads();
+  }
   EXPECT_EQ(origin_reads, blocks_);
 }
 

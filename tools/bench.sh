@@ -19,6 +19,11 @@ OUT=$BUILD/bench
 mkdir -p "$WORK/data/big" "$WORK/data/small" "$OUT"
 
 say() { echo "bench: $*" >&2; }
+PIDS=()
+stop_all() {
+  [ ${#PIDS[@]} -gt 0 ] && { kill "${PIDS[@]}" 2>/dev/null || true; }
+  wait 2>/dev/null || true
+}
 
 # ---- data (once) ----
 if [ ! -f "$WORK/data/big/large.bin" ]; then
@@ -42,7 +47,7 @@ PORT=$((20000 + RANDOM % 20000))
   --node-listen "127.0.0.1:$((PORT + 1))" --cache-size 4GiB \
   --dataset "big=$WORK/data/big" --dataset "small=$WORK/data/small" > "$OUT/ember.log" 2>&1 &
 UP=$!
-trap 'kill $UP 2>/dev/null; wait $UP 2>/dev/null || true' EXIT
+trap 'kill $UP 2>/dev/null || true; wait $UP 2>/dev/null || true' EXIT
 for _ in $(seq 300); do
   grep -q "serving datasets at" "$OUT/ember.log" 2>/dev/null && break
   kill -0 $UP 2>/dev/null || { cat "$OUT/ember.log"; exit 1; }
@@ -90,7 +95,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
   echo "Runs: $RUNS each, interleaved; medians. Raw: seq-mount=[$(paste -sd, "$OUT/seq-mount.txt")] seq-direct=[$(paste -sd, "$OUT/seq-direct.txt")] small-mount=[$(paste -sd, "$OUT/small-mount.txt")] small-direct=[$(paste -sd, "$OUT/small-direct.txt")]"
 } | tee "$OUT/results.md"
 "$EMBER" status
-kill $UP; wait $UP 2>/dev/null || true
+kill $UP 2>/dev/null || true; wait $UP 2>/dev/null || true
 trap - EXIT
 
 # ---- peer sharing ----
@@ -111,7 +116,7 @@ rm -rf "$WORK/cluster"; mkdir -p "$WORK/cluster/a/mnt" "$WORK/cluster/b/mnt"
 MPORT=$((PORT + 7))
 "$EMBER" meta --listen "127.0.0.1:$MPORT" --data-dir "$WORK/cluster/meta" --lease 3s > "$OUT/meta.log" 2>&1 &
 PIDS=($!)
-trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null || true' EXIT
+trap 'stop_all' EXIT
 export EMBER_META=127.0.0.1:$MPORT
 for _ in $(seq 100); do "$EMBER" dataset ls > /dev/null 2>&1 && break; sleep 0.1; done
 "$EMBER" dataset add big "$WORK/data/big" > /dev/null
@@ -134,42 +139,50 @@ sleep 1.5
 } | tee -a "$OUT/results.md"
 "$EMBER" status
 
-kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null || true
+stop_all
 
 # ---- prefetch: ~2 GiB (the 1 GiB file and the 10,000 small files) to 3 nodes, --mode full ----
-say "prefetch to 3 nodes"
-rm -rf "$WORK/pf"; mkdir -p "$WORK/pf"
-PPORT=$((PORT + 13))
-"$EMBER" meta --listen "127.0.0.1:$PPORT" --data-dir "$WORK/pf/meta" --lease 3s > "$OUT/pf-meta.log" 2>&1 &
-PIDS=($!)
-export EMBER_META=127.0.0.1:$PPORT
-for _ in $(seq 100); do "$EMBER" dataset ls > /dev/null 2>&1 && break; sleep 0.1; done
-"$EMBER" dataset add mix "$WORK/data" > /dev/null
-for i in 1 2 3; do
-  mkdir -p "$WORK/pf/n$i/mnt"
-  "$EMBER" node --listen "127.0.0.$((i + 1)):$((PPORT + 1))" --cache-dir "$WORK/pf/n$i/cache" \
-    --cache-size 4GiB --mount "$WORK/pf/n$i/mnt" --node-id "n$i" > "$OUT/pf-node-$i.log" 2>&1 &
-  PIDS+=($!)
-done
-for i in 1 2 3; do
-  for _ in $(seq 100); do grep -q "registered with meta" "$OUT/pf-node-$i.log" && break; sleep 0.1; done
-done
-# Baseline: one sequential read of the origin, page cache warm.
-find "$WORK/data" -type f -name '*' ! -name .done | sort > "$OUT/origin-files.txt"
-xargs -a "$OUT/origin-files.txt" cat > /dev/null
-t0=$(date +%s.%N); xargs -a "$OUT/origin-files.txt" cat > /dev/null; t1=$(date +%s.%N)
-t2=$(date +%s.%N); "$EMBER" prefetch mix --mode full > "$OUT/prefetch.txt"; t3=$(date +%s.%N)
-sleep 3.5
-origin_bytes=$("$EMBER" status --json | sed -n 's/.*"bytes_from_origin": \([0-9]*\).*/\1/p' | paste -sd+ | bc)
-data_bytes=$(xargs -a "$OUT/origin-files.txt" stat -c %s | paste -sd+ | bc)
-{
-  echo
-  cat "$OUT/prefetch.txt"
-  awk -v ob="$origin_bytes" -v db="$data_bytes" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" 'BEGIN {
-    printf "Prefetch of %.2f GiB to 3 nodes (--mode full): origin bytes / dataset bytes = %.3f; wall %.1fs vs one sequential read of the origin %.1fs (%.1fx).\n", db/2^30, ob/db, d-c, b-a, (d-c)/(b-a) }'
-} | tee -a "$OUT/results.md"
-
-kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null || true
+# Run twice: caches on this machine's one disk (three nodes share it), and on tmpfs, which stands
+# in for each node writing to its own NVMe.
+prefetch_run() {  # CACHE_ROOT LABEL
+  local root=$1 label=$2
+  say "prefetch to 3 nodes, caches on $label"
+  rm -rf "$WORK/pf" "$root/ember-pf"; mkdir -p "$WORK/pf" "$root/ember-pf"
+  PPORT=$((PORT + 13 + RANDOM % 100))
+  "$EMBER" meta --listen "127.0.0.1:$PPORT" --data-dir "$WORK/pf/meta" --lease 3s > "$OUT/pf-meta.log" 2>&1 &
+  PIDS=($!)
+  export EMBER_META=127.0.0.1:$PPORT
+  for _ in $(seq 100); do "$EMBER" dataset ls > /dev/null 2>&1 && break; sleep 0.1; done
+  "$EMBER" dataset add mix "$WORK/data" > /dev/null
+  for i in 1 2 3; do
+    mkdir -p "$WORK/pf/n$i/mnt"
+    "$EMBER" node --listen "127.0.0.$((i + 1)):$((PPORT + 1))" --cache-dir "$root/ember-pf/n$i" \
+      --cache-size 4GiB --mount "$WORK/pf/n$i/mnt" --node-id "n$i" > "$OUT/pf-node-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for i in 1 2 3; do
+    for _ in $(seq 100); do grep -q "registered with meta" "$OUT/pf-node-$i.log" && break; sleep 0.1; done
+  done
+  # Baseline: one sequential read of the origin, page cache warm.
+  find "$WORK/data" -type f ! -name .done | sort > "$OUT/origin-files.txt"
+  xargs -a "$OUT/origin-files.txt" cat > /dev/null
+  t0=$(date +%s.%N); xargs -a "$OUT/origin-files.txt" cat > /dev/null; t1=$(date +%s.%N)
+  t2=$(date +%s.%N); "$EMBER" prefetch mix --mode full > "$OUT/prefetch.txt"; t3=$(date +%s.%N)
+  sleep 3.5
+  origin_bytes=$("$EMBER" status --json | sed -n 's/.*"bytes_from_origin": \([0-9]*\).*/\1/p' | paste -sd+ | bc)
+  data_bytes=$(xargs -a "$OUT/origin-files.txt" stat -c %s | paste -sd+ | bc)
+  {
+    echo
+    cat "$OUT/prefetch.txt"
+    awk -v ob="$origin_bytes" -v db="$data_bytes" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v l="$label" 'BEGIN {
+      printf "Prefetch of %.2f GiB to 3 nodes (--mode full, caches on %s): origin bytes / dataset bytes = %.3f; wall %.1fs vs one sequential read of the origin %.1fs (%.1fx).\n", db/2^30, l, ob/db, d-c, b-a, (d-c)/(b-a) }'
+  } | tee -a "$OUT/results.md"
+  stop_all
+  rm -rf "$root/ember-pf"
+}
+prefetch_run "$WORK" "the one disk"
+shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1 || echo 0)
+if [ "${shm_free:-0}" -gt $((8 << 30)) ]; then prefetch_run /dev/shm "tmpfs"; fi
 
 # ---- scheduler: 500 nodes / 1000 pods and 10,000 / 10,000 through the real gRPC API ----
 say "scheduler"
@@ -180,3 +193,5 @@ say "scheduler"
   "$BUILD/bin/sched_bench" 500 1000 2>/dev/null
   "$BUILD/bin/sched_bench" 10000 10000 2>/dev/null
 } | tee -a "$OUT/results.md"
+stop_all
+trap - EXIT

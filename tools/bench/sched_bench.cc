@@ -9,6 +9,7 @@
 // scheduling time of the same stream (PlaceGang on a snapshot, no RPC), and placement quality:
 // the mean fraction of each job's dataset resident on its nodes, ours vs first-fit.
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int num_nodes = std::atoi(argv[1]), pods = std::atoi(argv[2]);
+  spdlog::set_level(spdlog::level::warn);  // keep stdout to the result line
   std::string dir = fs::temp_directory_path() / absl::StrCat("ember-sched-", getpid());
   fs::create_directories(dir);
   meta::MetaOptions mo;
