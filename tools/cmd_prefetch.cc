@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <deque>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -85,12 +86,21 @@ int Follow(meta::MetaClient& client, const std::string& id) {
   bool tty = isatty(STDERR_FILENO) == 1;
   auto start = std::chrono::steady_clock::now();
   auto last_line = start - std::chrono::seconds(10);
+  // Rate over the last few seconds, so the ETA follows the current speed.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> samples;
   while (true) {
     auto job = client.GetPrefetch(id);
     if (!job.ok()) Fail(job.status());
     Totals t = Sum(*job);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    double rate = secs > 0 ? t.bytes_done / secs : 0;
+    auto now = std::chrono::steady_clock::now();
+    double secs = std::chrono::duration<double>(now - start).count();
+    samples.emplace_back(now, t.bytes_done);
+    while (samples.size() > 2 && now - samples.front().first > std::chrono::seconds(5)) {
+      samples.pop_front();
+    }
+    double window = std::chrono::duration<double>(now - samples.front().first).count();
+    double rate = window > 0 ? (t.bytes_done - samples.front().second) / window
+                             : (secs > 0 ? t.bytes_done / secs : 0);
     double frac = t.bytes_total ? static_cast<double>(t.bytes_done) / t.bytes_total : 0;
     std::string eta = rate > 0 && t.bytes_total > t.bytes_done
                           ? absl::StrFormat("ETA %.0fs", (t.bytes_total - t.bytes_done) / rate)
