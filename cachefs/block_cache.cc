@@ -166,20 +166,41 @@ BlockCache::PinPtr BlockCache::Acquire(const BlockAddr& addr) {
   auto it = blocks_.find(addr);
   if (it == blocks_.end() || it->second.writing || it->second.doomed) return nullptr;
   Entry& e = it->second;
-  int fd = open(FilePath(addr).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+  int fd = -1;
+  auto file = OpenForRead(addr, &fd);
+  if (!file) {
     spdlog::warn("cache: block file {} vanished: {}", FilePath(addr), strerror(errno));
     RemoveLocked(it, false);
     return nullptr;
   }
   e.pins++;
   lru_.splice(lru_.begin(), lru_, e.lru);
-  auto* pin = new Pin{addr, fd, e.offset, e.length, e.checksum, e.verified, e.generation};
+  auto* pin =
+      new Pin{addr, fd, e.offset, e.length, e.checksum, e.verified, e.generation, std::move(file)};
   return PinPtr(pin, [this](const Pin* p) {
-    close(p->fd);
     Unpin(p->addr);
     delete p;
   });
+}
+
+std::shared_ptr<const void> BlockCache::OpenForRead(const BlockAddr& addr, int* fd) {
+  constexpr size_t kMaxOpenFiles = 1024;
+  auto key = std::make_tuple(addr.dataset_id, addr.version, addr.file_id);
+  auto it = read_fds_.find(key);
+  if (it != read_fds_.end()) {
+    *fd = *static_cast<const int*>(it->second.get());
+    return it->second;
+  }
+  int f = open(FilePath(addr).c_str(), O_RDONLY | O_CLOEXEC);
+  if (f < 0) return nullptr;
+  std::shared_ptr<const void> holder(new int(f), [](const void* p) {
+    close(*static_cast<const int*>(p));
+    delete static_cast<const int*>(p);
+  });
+  if (read_fds_.size() >= kMaxOpenFiles) read_fds_.erase(read_fds_.begin());
+  read_fds_.emplace(key, holder);
+  *fd = f;
+  return holder;
 }
 
 void BlockCache::Unpin(const BlockAddr& addr) {

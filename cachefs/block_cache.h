@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,8 +55,9 @@ class BlockCache {
     uint64_t offset = 0;
     uint32_t length = 0;
     uint64_t checksum = 0;
-    bool verified = false;    // checked against its checksum since this agent started
-    uint64_t generation = 0;  // which stored copy of the block this is
+    bool verified = false;             // checked against its checksum since this agent started
+    uint64_t generation = 0;           // which stored copy of the block this is
+    std::shared_ptr<const void> file;  // keeps fd open (shared with other pins of the file)
   };
   using PinPtr = std::shared_ptr<const Pin>;
 
@@ -112,6 +114,9 @@ class BlockCache {
   };
 
   explicit BlockCache(const Options& options);
+  // REQUIRES: mu_ held. A read-only fd of the block's cache file, kept open across reads so the
+  // hot path does not open and close the file per request. nullptr if it cannot be opened.
+  std::shared_ptr<const void> OpenForRead(const BlockAddr& addr, int* fd);
   void Unpin(const BlockAddr& addr);
   // REQUIRES: mu_ held. Removes the entry (index, hole punch, counters).
   void RemoveLocked(std::map<BlockAddr, Entry>::iterator it, bool evicted);
@@ -128,6 +133,9 @@ class BlockCache {
   uint64_t next_generation_ = 1;
   bool disk_full_logged_ = false;
   std::vector<BlockAddr> added_, removed_;  // GUARDED_BY(mu_)
+  // Open read-only fds by (dataset, version, file); cache files are never unlinked, only punched,
+  // so an fd stays valid. Capped; pins keep their own reference when an entry is dropped.
+  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, std::shared_ptr<const void>> read_fds_;
 };
 
 }  // namespace ember::cachefs
