@@ -75,7 +75,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     }
   }
 
-  a->meta_ = std::make_unique<meta::MetaClient>(options.meta_address, std::chrono::seconds(5));
+  a->meta_ = std::make_unique<meta::MetaClient>(
+      options.meta_address, meta::MetaCredentials{options.token, options.tls_ca_file},
+      std::chrono::seconds(5));
   a->origin_ = NewPosixOrigin();
 
   // Peers: serve our blocks, fetch theirs.

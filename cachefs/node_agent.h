@@ -43,7 +43,8 @@ struct NodeOptions {
   int fill_threads = 2;
   std::chrono::milliseconds report_interval{200};
   transport::TransportMode transport = transport::TransportMode::kAuto;
-  std::string token;  // cluster token peers must prove (from --token-file)
+  std::string token;        // cluster token: sent to meta, and peers must prove it (--token-file)
+  std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
 };
 

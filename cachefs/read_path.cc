@@ -268,6 +268,12 @@ void ReadPath::FlushPendingChecksums() {
     c->set_checksum(sum);
   }
   auto r = meta_->RecordChecksums(req);
+  if (absl::IsNotFound(r.status()) || absl::IsInvalidArgument(r.status())) {
+    // A dataset version removed meanwhile: nothing to record; the blocks age out of the cache.
+    spdlog::warn("read: dropping {} pending checksums: {}", pending.size(),
+                 std::string(r.status().message()));
+    return;
+  }
   if (!r.ok()) {
     std::lock_guard lock(pending_mu_);
     pending_checksums_.insert(pending_checksums_.end(), pending.begin(), pending.end());

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/secret.h"
 #include "meta/meta.grpc.pb.h"
 
 namespace ember::meta {
@@ -17,20 +18,34 @@ std::string ResolveMetaAddress(const std::string& flag_value) {
 
 class MetaClient::Impl {
  public:
-  Impl(const std::string& address, std::chrono::milliseconds timeout)
+  Impl(const std::string& address, const MetaCredentials& creds,
+       std::chrono::milliseconds timeout)
       : address(address), timeout(timeout) {
+    if (!creds.token.empty()) bearer = absl::StrCat(kBearerPrefix, creds.token);
+    std::shared_ptr<grpc::ChannelCredentials> channel_creds = grpc::InsecureChannelCredentials();
+    if (!creds.tls_ca_file.empty()) {
+      auto ca = ReadSmallFile(creds.tls_ca_file, "--tls-ca");
+      if (!ca.ok()) {
+        init_error = ca.status();
+      } else {
+        grpc::SslCredentialsOptions ssl;
+        ssl.pem_root_certs = *ca;
+        channel_creds = grpc::SslCredentials(ssl);
+      }
+    }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     // Reconnect quickly after meta restarts.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    channel = grpc::CreateCustomChannel(address, channel_creds, args);
     stub = rpc::Meta::NewStub(channel);
   }
 
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds t) const {
     ctx->set_deadline(std::chrono::system_clock::now() + t);
+    if (!bearer.empty()) ctx->AddMetadata(kAuthMetadataKey, bearer);
   }
 
   absl::Status Convert(const grpc::Status& s) const {
@@ -39,6 +54,9 @@ class MetaClient::Impl {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return absl::UnavailableError(
           absl::StrCat("meta unreachable at ", address, ": ", s.error_message()));
+    }
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return absl::UnauthenticatedError(absl::StrCat("meta at ", address, ": ", s.error_message()));
     }
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       return absl::DeadlineExceededError(
@@ -49,6 +67,7 @@ class MetaClient::Impl {
 
   template <typename Req, typename Resp, typename Fn>
   absl::StatusOr<Resp> Unary(const Req& req, Fn fn) {
+    if (!init_error.ok()) return init_error;
     grpc::ClientContext ctx;
     Prepare(&ctx, timeout);
     Resp resp;
@@ -59,6 +78,7 @@ class MetaClient::Impl {
 
   template <typename Req, typename Fn>
   absl::StatusOr<rpc::DatasetProgress> Scan(const Req& req, Fn fn, const ProgressFn& progress) {
+    if (!init_error.ok()) return init_error;
     grpc::ClientContext ctx;
     // Scans are long; only give up if meta goes silent for good (a day).
     Prepare(&ctx, std::chrono::hours(24));
@@ -80,12 +100,18 @@ class MetaClient::Impl {
 
   std::string address;
   std::chrono::milliseconds timeout;
+  std::string bearer;
+  absl::Status init_error;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<rpc::Meta::Stub> stub;
 };
 
 MetaClient::MetaClient(const std::string& address, std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<Impl>(address, timeout)), address_(address) {}
+    : MetaClient(address, MetaCredentials{}, timeout) {}
+
+MetaClient::MetaClient(const std::string& address, const MetaCredentials& credentials,
+                       std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<Impl>(address, credentials, timeout)), address_(address) {}
 
 MetaClient::~MetaClient() = default;
 

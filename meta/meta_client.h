@@ -18,6 +18,16 @@ namespace ember::meta {
 // The address `ember up` and `ember meta` listen on by default.
 inline constexpr char kDefaultMetaAddress[] = "127.0.0.1:7370";
 
+// How a client proves the cluster token: gRPC metadata `authorization: Bearer TOKEN`.
+inline constexpr char kAuthMetadataKey[] = "authorization";
+inline constexpr char kBearerPrefix[] = "Bearer ";
+
+// What a client needs to reach a secured meta. Both empty: plaintext, no token.
+struct MetaCredentials {
+  std::string token;        // the cluster token (from --token-file)
+  std::string tls_ca_file;  // PEM CA bundle; set = connect with TLS and verify meta against it
+};
+
 // --meta flag value if set, else $EMBER_META, else kDefaultMetaAddress.
 std::string ResolveMetaAddress(const std::string& flag_value);
 
@@ -25,6 +35,9 @@ class MetaClient {
  public:
   explicit MetaClient(const std::string& address,
                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // A bad CA file is not fatal here: every call then returns that error.
+  MetaClient(const std::string& address, const MetaCredentials& credentials,
+             std::chrono::milliseconds timeout = std::chrono::seconds(10));
   ~MetaClient();
 
   const std::string& address() const { return address_; }

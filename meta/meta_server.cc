@@ -15,10 +15,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/secret.h"
 #include "common/status.h"
 #include "meta/extender.h"
 #include "meta/manifest.h"
 #include "meta/meta.grpc.pb.h"
+#include "meta/meta_client.h"
 #include "meta/scheduler.h"
 #include "meta/store.h"
 
@@ -103,6 +105,31 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   MetaServiceImpl(std::unique_ptr<MetaStore> store, const MetaOptions& options)
       : store_(std::move(store)), options_(options) {}
 
+  // Every RPC starts here: with a cluster token configured, the caller must send it as
+  // `authorization: Bearer TOKEN`. Refusals are logged, at most once a second with a count.
+  grpc::Status Authorize(grpc::ServerContext* ctx) {
+    if (options_.token.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(kAuthMetadataKey);
+    bool ok = false;
+    if (it != md.end()) {
+      std::string_view got(it->second.data(), it->second.size());
+      ok = TokenEqual(got, absl::StrCat(kBearerPrefix, options_.token));
+    }
+    if (ok) return grpc::Status::OK;
+    uint64_t n = ++refused_;
+    auto now = Clock::now();
+    std::lock_guard lock(refused_log_mu_);
+    if (now - refused_logged_at_ >= std::chrono::seconds(1)) {
+      refused_logged_at_ = now;
+      spdlog::warn("meta: refused a call from {}: {} cluster token ({} refused so far)",
+                   ctx->peer(), it == md.end() ? "no" : "wrong", n);
+    }
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        it == md.end() ? "meta requires the cluster token (--token-file)"
+                                       : "meta refused the cluster token (--token-file)");
+  }
+
   absl::Status Load() {
     ASSIGN_OR_RETURN(std::vector<rpc::Node> nodes, store_->ListNodes());
     Clock::time_point now = Clock::now();
@@ -156,49 +183,57 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status AddDataset(grpc::ServerContext* ctx, const rpc::AddDatasetRequest* req,
                           grpc::ServerWriter<rpc::DatasetProgress>* writer) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoAdd(*req, writer));
   }
 
   grpc::Status RefreshDataset(grpc::ServerContext* ctx, const rpc::RefreshDatasetRequest* req,
                               grpc::ServerWriter<rpc::DatasetProgress>* writer) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRefresh(req->name(), writer));
   }
 
-  grpc::Status ListDatasets(grpc::ServerContext*, const rpc::ListDatasetsRequest*,
+  grpc::Status ListDatasets(grpc::ServerContext* ctx, const rpc::ListDatasetsRequest*,
                             rpc::ListDatasetsResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto all = store_->ListDatasets();
     if (!all.ok()) return ToGrpc(all.status());
     for (auto& ds : *all) *resp->add_datasets() = std::move(ds);
     return grpc::Status::OK;
   }
 
-  grpc::Status GetDataset(grpc::ServerContext*, const rpc::GetDatasetRequest* req,
+  grpc::Status GetDataset(grpc::ServerContext* ctx, const rpc::GetDatasetRequest* req,
                           rpc::Dataset* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto ds = Resolve(*req);
     if (!ds.ok()) return ToGrpc(ds.status());
     *resp = std::move(*ds);
     return grpc::Status::OK;
   }
 
-  grpc::Status RemoveDataset(grpc::ServerContext*, const rpc::RemoveDatasetRequest* req,
+  grpc::Status RemoveDataset(grpc::ServerContext* ctx, const rpc::RemoveDatasetRequest* req,
                              rpc::RemoveDatasetResponse*) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRemove(*req));
   }
 
-  grpc::Status ListManifest(grpc::ServerContext*, const rpc::ListManifestRequest* req,
+  grpc::Status ListManifest(grpc::ServerContext* ctx, const rpc::ListManifestRequest* req,
                             rpc::ListManifestResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoListManifest(*req, resp));
   }
 
   // ---- checksums ----
 
-  grpc::Status RecordChecksums(grpc::ServerContext*, const rpc::RecordChecksumsRequest* req,
+  grpc::Status RecordChecksums(grpc::ServerContext* ctx, const rpc::RecordChecksumsRequest* req,
                                rpc::RecordChecksumsResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRecordChecksums(*req, resp));
   }
 
-  grpc::Status GetChecksums(grpc::ServerContext*, const rpc::GetChecksumsRequest* req,
+  grpc::Status GetChecksums(grpc::ServerContext* ctx, const rpc::GetChecksumsRequest* req,
                             rpc::GetChecksumsResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
     for (const auto& b : req->blocks()) {
       auto sum = store_->GetChecksum(FromProto(b));
@@ -211,13 +246,15 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   // ---- nodes and locations ----
 
-  grpc::Status RegisterNode(grpc::ServerContext*, const rpc::RegisterNodeRequest* req,
+  grpc::Status RegisterNode(grpc::ServerContext* ctx, const rpc::RegisterNodeRequest* req,
                             rpc::RegisterNodeResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRegister(*req, resp));
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const rpc::HeartbeatRequest* req,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const rpc::HeartbeatRequest* req,
                          rpc::HeartbeatResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::unique_lock lock(state_mu_);
     auto it = nodes_.find(req->node_id());
     if (it == nodes_.end()) {
@@ -235,13 +272,15 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   // ---- prefetch and locality ----
 
-  grpc::Status StartPrefetch(grpc::ServerContext*, const rpc::PrefetchSpec* req,
+  grpc::Status StartPrefetch(grpc::ServerContext* ctx, const rpc::PrefetchSpec* req,
                              rpc::PrefetchJob* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoStartPrefetch(*req, resp));
   }
 
-  grpc::Status GetPrefetch(grpc::ServerContext*, const rpc::PrefetchId* req,
+  grpc::Status GetPrefetch(grpc::ServerContext* ctx, const rpc::PrefetchId* req,
                            rpc::PrefetchJob* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto alive = AliveNodes();
     std::lock_guard lock(prefetch_mu_);
     auto it = prefetches_.find(req->id());
@@ -253,8 +292,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ListPrefetches(grpc::ServerContext*, const rpc::ListPrefetchesRequest*,
+  grpc::Status ListPrefetches(grpc::ServerContext* ctx, const rpc::ListPrefetchesRequest*,
                               rpc::ListPrefetchesResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto alive = AliveNodes();
     std::lock_guard lock(prefetch_mu_);
     for (auto& [id, job] : prefetches_) {
@@ -264,8 +304,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status CancelPrefetch(grpc::ServerContext*, const rpc::PrefetchId* req,
+  grpc::Status CancelPrefetch(grpc::ServerContext* ctx, const rpc::PrefetchId* req,
                               rpc::PrefetchJob* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(prefetch_mu_);
     auto it = prefetches_.find(req->id());
     if (it == prefetches_.end()) {
@@ -281,8 +322,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Unpin(grpc::ServerContext*, const rpc::UnpinRequest* req,
+  grpc::Status Unpin(grpc::ServerContext* ctx, const rpc::UnpinRequest* req,
                      rpc::UnpinResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     if (req->dataset().empty() && req->prefetch_id().empty()) {
       return ToGrpc(absl::InvalidArgumentError("name a dataset or a prefetch id to unpin"));
     }
@@ -309,8 +351,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportPrefetch(grpc::ServerContext*, const rpc::ReportPrefetchRequest* req,
+  grpc::Status ReportPrefetch(grpc::ServerContext* ctx, const rpc::ReportPrefetchRequest* req,
                               rpc::ReportPrefetchResponse*) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto alive = AliveNodes();
     std::lock_guard lock(prefetch_mu_);
     auto it = prefetches_.find(req->job_id());
@@ -324,18 +367,21 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Locality(grpc::ServerContext*, const rpc::LocalityRequest* req,
+  grpc::Status Locality(grpc::ServerContext* ctx, const rpc::LocalityRequest* req,
                         rpc::LocalityResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoLocality(*req, resp));
   }
 
   // ---- scheduler ----
 
-  grpc::Status SubmitJob(grpc::ServerContext*, const rpc::JobSpec* req, rpc::Job* resp) override {
+  grpc::Status SubmitJob(grpc::ServerContext* ctx, const rpc::JobSpec* req, rpc::Job* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoSubmit(*req, resp));
   }
 
-  grpc::Status GetJob(grpc::ServerContext*, const rpc::JobRef* req, rpc::Job* resp) override {
+  grpc::Status GetJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(jobs_mu_);
     auto* j = FindJob(req->id());
     if (j == nullptr) return ToGrpc(UnknownJob(req->id()));
@@ -343,19 +389,22 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ListJobs(grpc::ServerContext*, const rpc::ListJobsRequest*,
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const rpc::ListJobsRequest*,
                         rpc::ListJobsResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(jobs_mu_);
     for (const auto& [id, j] : jobs_) *resp->add_jobs() = j;
     resp->set_queue_length(static_cast<uint32_t>(queue_.jobs().size()));
     return grpc::Status::OK;
   }
 
-  grpc::Status CancelJob(grpc::ServerContext*, const rpc::JobRef* req, rpc::Job* resp) override {
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(EndJob(req->id(), rpc::Job::CANCELLED, resp));
   }
 
-  grpc::Status CompleteJob(grpc::ServerContext*, const rpc::JobRef* req, rpc::Job* resp) override {
+  grpc::Status CompleteJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(EndJob(req->id(), rpc::Job::COMPLETED, resp));
   }
 
@@ -404,8 +453,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     if (loop_.joinable()) loop_.join();
   }
 
-  grpc::Status ListNodes(grpc::ServerContext*, const rpc::ListNodesRequest*,
+  grpc::Status ListNodes(grpc::ServerContext* ctx, const rpc::ListNodesRequest*,
                          rpc::ListNodesResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(state_mu_);
     for (auto& [id, entry] : nodes_) {
       rpc::Node* n = resp->add_nodes();
@@ -415,13 +465,15 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ReportBlocks(grpc::ServerContext*, const rpc::ReportBlocksRequest* req,
+  grpc::Status ReportBlocks(grpc::ServerContext* ctx, const rpc::ReportBlocksRequest* req,
                             rpc::ReportBlocksResponse*) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoReport(*req));
   }
 
-  grpc::Status Locate(grpc::ServerContext*, const rpc::LocateRequest* req,
+  grpc::Status Locate(grpc::ServerContext* ctx, const rpc::LocateRequest* req,
                       rpc::LocateResponse* resp) override {
+    if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
     {
       std::lock_guard lock(state_mu_);
@@ -466,6 +518,56 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   }
 
   bool Alive(const NodeEntry& e) const { return Clock::now() - e.last_heartbeat <= options_.lease; }
+
+  // ---- bounds of block addresses callers send ----
+  // A block address must name an existing dataset version, a file id of it, and an index below
+  // the version's block count. This keeps bad or hostile input from writing checksums for blocks
+  // that cannot exist or from growing a location bitmap without bound.
+  struct VersionBounds {
+    uint64_t max_file_id = 0;
+    uint64_t max_blocks = 0;  // ceil(version bytes / block size): no file can have more
+  };
+
+  absl::Status CheckBlock(const rpc::BlockAddr& b) {
+    auto bounds = BoundsOf(b.dataset_id(), b.version());
+    if (!bounds.ok()) return bounds.status();
+    if (b.file_id() == 0 || b.file_id() > bounds->max_file_id) {
+      return absl::InvalidArgumentError(absl::StrCat("block ", b.dataset_id(), "/", b.version(),
+                                                     "/", b.file_id(), "/", b.index(),
+                                                     ": no such file id"));
+    }
+    if (b.index() >= bounds->max_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("block ", b.dataset_id(), "/", b.version(),
+                                                     "/", b.file_id(), "/", b.index(),
+                                                     ": index beyond the dataset's size"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<VersionBounds> BoundsOf(uint32_t dataset_id, uint32_t version) {
+    std::lock_guard lock(bounds_mu_);
+    for (int attempt = 0; attempt < 2; attempt++) {
+      auto it = bounds_.find({dataset_id, version});
+      if (it != bounds_.end()) return it->second;
+      if (attempt == 1) break;
+      // Unknown here: datasets may have changed since the last build.
+      ASSIGN_OR_RETURN(auto all, store_->ListDatasets());
+      bounds_.clear();
+      for (const auto& ds : all) {
+        for (const auto& v : ds.versions()) {
+          uint64_t bs = std::max<uint64_t>(ds.block_size(), 1);
+          bounds_[{ds.id(), v.version()}] = {v.max_file_id(), std::max<uint64_t>(1, (v.bytes() + bs - 1) / bs)};
+        }
+      }
+    }
+    return absl::NotFoundError(
+        absl::StrCat("no dataset version ", dataset_id, "/", version, " (removed, or never added)"));
+  }
+
+  void InvalidateBounds() {
+    std::lock_guard lock(bounds_mu_);
+    bounds_.clear();
+  }
 
   absl::StatusOr<rpc::Dataset> Resolve(const rpc::GetDatasetRequest& req) {
     if (!req.name().empty()) return store_->GetDataset(req.name());
@@ -586,6 +688,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   absl::Status DoRemove(const rpc::RemoveDatasetRequest& req) {
     std::lock_guard lock(datasets_mu_);
+    InvalidateBounds();
     ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(req.name()));
     if (req.version() == 0) {
       RETURN_IF_ERROR(store_->DeleteDataset(ds));
@@ -656,6 +759,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   absl::Status DoRecordChecksums(const rpc::RecordChecksumsRequest& req,
                                  rpc::RecordChecksumsResponse* resp) {
     if (req.checksums_size() > kMaxBatch) return TooMany(req.checksums_size());
+    for (const auto& c : req.checksums()) RETURN_IF_ERROR(CheckBlock(c.block()));
     std::lock_guard lock(checksum_mu_);
     std::vector<std::pair<BlockAddr, uint64_t>> to_write;
     std::map<BlockAddr, uint64_t> in_batch;
@@ -714,6 +818,39 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     if (req.added_size() + req.removed_size() > kMaxBatch) {
       return TooMany(req.added_size() + req.removed_size());
     }
+    // Blocks of removed dataset versions are skipped (a node may still hold them); addresses
+    // beyond a known version's bounds refuse the whole call.
+    auto keep = [&](const rpc::BlockAddr& b) -> absl::StatusOr<bool> {
+      absl::Status st = CheckBlock(b);
+      if (absl::IsNotFound(st)) return false;
+      RETURN_IF_ERROR(st);
+      return true;
+    };
+    std::vector<const rpc::BlockAddr*> added, removed;
+    std::vector<const rpc::FileBlocks*> files;
+    for (const auto& b : req.added()) {
+      ASSIGN_OR_RETURN(bool k, keep(b));
+      if (k) added.push_back(&b);
+    }
+    for (const auto& b : req.removed()) {
+      ASSIGN_OR_RETURN(bool k, keep(b));
+      if (k) removed.push_back(&b);
+    }
+    for (const auto& f : req.files()) {
+      rpc::BlockAddr first;
+      first.set_dataset_id(f.dataset_id());
+      first.set_version(f.version());
+      first.set_file_id(f.file_id());
+      ASSIGN_OR_RETURN(bool k, keep(first));
+      if (!k) continue;
+      ASSIGN_OR_RETURN(VersionBounds b, BoundsOf(f.dataset_id(), f.version()));
+      if (f.bitmap().size() > (b.max_blocks + 7) / 8) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bitmap of file ", f.dataset_id(), "/", f.version(), "/", f.file_id(),
+                         " is ", f.bitmap().size(), " bytes, beyond the dataset's size"));
+      }
+      files.push_back(&f);
+    }
     std::lock_guard lock(state_mu_);
     if (!nodes_.count(req.node_id())) {
       return absl::FailedPreconditionError(
@@ -732,7 +869,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       }
       node_files_[node].clear();
     }
-    for (const auto& f : req.files()) {
+    for (const rpc::FileBlocks* fp : files) {
+      const rpc::FileBlocks& f = *fp;
       FileKey k{f.dataset_id(), f.version(), f.file_id()};
       std::string bitmap = f.bitmap();
       while (!bitmap.empty() && bitmap.back() == '\0') bitmap.pop_back();
@@ -744,8 +882,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       SetBit(&locations_[k][node], b.index(), on);
       touched.insert(k);
     };
-    for (const auto& b : req.added()) apply(b, true);
-    for (const auto& b : req.removed()) apply(b, false);
+    for (const rpc::BlockAddr* b : added) apply(*b, true);
+    for (const rpc::BlockAddr* b : removed) apply(*b, false);
     if (!touched.empty() || req.full_report_start()) location_generation_++;
     for (const FileKey& k : touched) {
       auto it = locations_.find(k);
@@ -1404,6 +1542,11 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   std::unique_ptr<MetaStore> store_;
   MetaOptions options_;
+  std::mutex bounds_mu_;
+  std::map<std::pair<uint32_t, uint32_t>, VersionBounds> bounds_;
+  std::atomic<uint64_t> refused_{0};
+  std::mutex refused_log_mu_;
+  Clock::time_point refused_logged_at_{};
   std::mutex jobs_mu_;                    // after state_mu_ when both are held
   std::map<std::string, rpc::Job> jobs_;  // GUARDED_BY(jobs_mu_)
   JobQueue queue_;                        // GUARDED_BY(jobs_mu_)
@@ -1453,8 +1596,20 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   server->service_ = std::make_unique<MetaServiceImpl>(std::move(store), options);
   RETURN_IF_ERROR(server->service_->Load());
   server->service_->StartSchedulerLoop();
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+    }
+    grpc::SslServerCredentialsOptions ssl;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    ASSIGN_OR_RETURN(pair.private_key, ReadSmallFile(options.tls_key_file, "--tls-key"));
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadSmallFile(options.tls_cert_file, "--tls-cert"));
+    ssl.pem_key_cert_pairs.push_back(std::move(pair));
+    creds = grpc::SslServerCredentials(ssl);
+  }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, creds, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(16 << 20);
   server->server_ = builder.BuildAndStart();
@@ -1462,8 +1617,9 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
     return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen,
                                                "' (in use, or not an address of this host)"));
   }
-  spdlog::info("meta: serving on {} (port {}), data in {}", options.listen, server->port_,
-               options.data_dir);
+  spdlog::info("meta: serving on {} (port {}, {}, {}), data in {}", options.listen, server->port_,
+               options.tls_cert_file.empty() ? "plaintext" : "TLS",
+               options.token.empty() ? "no token" : "token required", options.data_dir);
   if (!options.http_listen.empty()) {
     std::string host;
     int port = 0;

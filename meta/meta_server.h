@@ -30,6 +30,11 @@ struct MetaOptions {
   // HOST:PORT for HTTP (kube-scheduler extender at /scheduler/filter and /scheduler/prioritize,
   // /healthz); empty = no HTTP.
   std::string http_listen;
+  // Cluster token every gRPC call must carry (empty: none required).
+  std::string token;
+  // PEM files: with both set, gRPC is served over TLS only.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class MetaServiceImpl;

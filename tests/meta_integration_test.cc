@@ -188,6 +188,9 @@ TEST_F(MetaIntegrationTest, RefreshMakesVersionOnlyOnChange) {
 }
 
 TEST_F(MetaIntegrationTest, ChecksumsFirstWriterWins) {
+  // Block addresses must exist: dataset 1 version 1 with 1 MiB blocks (a.bin has 5).
+  ASSERT_EQ(Ember({"dataset", "add", "d", dir_.Sub("origin"), "--block-size", "1MiB"}).exit_code,
+            0);
   rpc::RecordChecksumsRequest req;
   auto* c = req.add_checksums();
   *c->mutable_block() = Addr(1, 1, 2, 3);
@@ -218,6 +221,8 @@ class LeaseTest : public MetaIntegrationTest {
 };
 
 TEST_F(LeaseTest, ExpiredLeaseMarksNodeDeadAndHidesItsBlocks) {
+  ASSERT_EQ(Ember({"dataset", "add", "d", dir_.Sub("origin"), "--block-size", "1MiB"}).exit_code,
+            0);
   auto& c = meta_->client();
   ASSERT_TRUE(c.RegisterNode(MakeNode("n1", "127.0.0.2:7001")).ok());
   auto reg = c.RegisterNode(MakeNode("n2", "127.0.0.3:7001"));

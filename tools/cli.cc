@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -11,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/secret.h"
 
 namespace ember::tools {
 
@@ -115,6 +118,33 @@ std::string FormatTimeMs(int64_t unix_ms) {
   char buf[32];
   strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
+}
+
+void AddMetaFlags(CLI::App* c, MetaFlags* f) {
+  c->add_option("--meta", f->address, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+  c->add_option("--token-file", f->token_file,
+                "File holding the cluster token (default $EMBER_TOKEN_FILE)");
+  c->add_option("--tls-ca", f->tls_ca,
+                "PEM CA that signed meta's certificate: connect with TLS (default $EMBER_TLS_CA)");
+}
+
+meta::MetaCredentials ResolveCredentials(const MetaFlags& f) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr ? v : "");
+  };
+  meta::MetaCredentials c;
+  auto token = ReadTokenFile(f.token_file.empty() ? env("EMBER_TOKEN_FILE") : f.token_file);
+  if (!token.ok()) Fail(token.status());
+  c.token = *token;
+  c.tls_ca_file = f.tls_ca.empty() ? env("EMBER_TLS_CA") : f.tls_ca;
+  return c;
+}
+
+std::unique_ptr<meta::MetaClient> ConnectMeta(const MetaFlags& f,
+                                              std::chrono::milliseconds timeout) {
+  return std::make_unique<meta::MetaClient>(meta::ResolveMetaAddress(f.address),
+                                            ResolveCredentials(f), timeout);
 }
 
 }  // namespace ember::tools

@@ -3,10 +3,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "meta/meta_client.h"
 
 namespace CLI {
 class App;
@@ -50,6 +52,19 @@ class Progress {
 // one of them. Returns the signal number.
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
+
+// How a command reaches meta: --meta, --token-file, --tls-ca (each also from $EMBER_META,
+// $EMBER_TOKEN_FILE, $EMBER_TLS_CA).
+struct MetaFlags {
+  std::string address;
+  std::string token_file;
+  std::string tls_ca;
+};
+void AddMetaFlags(CLI::App* c, MetaFlags* f);
+// The flags resolved against the environment; Fail()s on an unreadable token file.
+meta::MetaCredentials ResolveCredentials(const MetaFlags& f);
+std::unique_ptr<meta::MetaClient> ConnectMeta(
+    const MetaFlags& f, std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 // "host:port" validation: returns InvalidArgument naming the flag.
 absl::Status ValidateHostPort(const std::string& flag, const std::string& value);

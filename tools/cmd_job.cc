@@ -138,13 +138,11 @@ void Show(const rpc::Job& j) {
 void AddJobCommands(CLI::App& app) {
   auto* job = app.add_subcommand("job", "Schedule training jobs where their data is warm");
   job->require_subcommand(1);
-  auto meta_flag = std::make_shared<std::string>();
+  auto meta_flags = std::make_shared<MetaFlags>();
   auto as_json = std::make_shared<bool>(false);
-  auto client = [meta_flag] {
-    return std::make_unique<meta::MetaClient>(meta::ResolveMetaAddress(*meta_flag));
-  };
+  auto client = [meta_flags] { return ConnectMeta(*meta_flags); };
   auto common = [&](CLI::App* c) {
-    c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+    AddMetaFlags(c, meta_flags.get());
     c->add_flag("--json", *as_json, "Print JSON");
   };
   {

@@ -18,6 +18,9 @@ void AddMetaCommand(CLI::App& app) {
     std::string data_dir;
     std::string lease = "10s";
     std::string http;
+    std::string token_file;
+    std::string tls_cert;
+    std::string tls_key;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")->capture_default_str();
@@ -27,6 +30,11 @@ void AddMetaCommand(CLI::App& app) {
   cmd->add_option("--http", opts->http,
                   "HOST:PORT for HTTP: the kube-scheduler extender (/scheduler/filter, "
                   "/scheduler/prioritize) and /healthz");
+  cmd->add_option("--token-file", opts->token_file,
+                  "File holding the cluster token every caller must send (default "
+                  "$EMBER_TOKEN_FILE)");
+  cmd->add_option("--tls-cert", opts->tls_cert, "PEM certificate chain: serve gRPC over TLS");
+  cmd->add_option("--tls-key", opts->tls_key, "PEM private key of --tls-cert");
   cmd->callback([opts] {
     if (auto s = ValidateHostPort("--listen", opts->listen); !s.ok()) Fail(s);
     auto lease = ParseDuration(opts->lease);
@@ -38,6 +46,11 @@ void AddMetaCommand(CLI::App& app) {
     options.data_dir = opts->data_dir;
     options.lease = *lease;
     options.http_listen = opts->http;
+    MetaFlags token_only;
+    token_only.token_file = opts->token_file;
+    options.token = ResolveCredentials(token_only).token;
+    options.tls_cert_file = opts->tls_cert;
+    options.tls_key_file = opts->tls_key;
     auto server = meta::MetaServer::Start(options);
     if (!server.ok()) Fail(server.status());
     std::thread waiter([&] {

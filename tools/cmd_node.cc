@@ -35,7 +35,7 @@ struct NodeFlags {
   bool allow_other = false;
   int readahead = 2;
   std::string transport = "auto";
-  std::string token_file;
+  MetaFlags meta;  // --token-file is also the token peers prove to each other
 };
 
 void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
@@ -53,17 +53,12 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
       ->capture_default_str();
   c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
       ->capture_default_str();
-  c->add_option("--token-file", f->token_file, "File holding the cluster token peers must prove");
-}
-
-std::string ReadTokenFile(const std::string& path) {
-  if (path.empty()) return "";
-  std::ifstream in(path);
-  if (!in) Fail(absl::StrCat("--token-file ", path, ": cannot read it"));
-  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-  if (token.empty()) Fail(absl::StrCat("--token-file ", path, " is empty"));
-  return token;
+  if (for_up) {
+    c->add_option("--token-file", f->meta.token_file,
+                  "File holding the cluster token (gRPC callers and peers must prove it)");
+  } else {
+    AddMetaFlags(c, &f->meta);
+  }
 }
 
 cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_address,
@@ -81,7 +76,9 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   auto mode = transport::ParseTransportMode(f.transport);
   if (!mode.ok()) Fail(mode.status());
   o.transport = *mode;
-  o.token = ReadTokenFile(f.token_file);
+  auto creds = ResolveCredentials(f.meta);
+  o.token = creds.token;
+  o.tls_ca_file = creds.tls_ca_file;
   if (f.cache_size.empty()) {
     if (default_cache == 0) Fail("--cache-size is required");
     o.cache_bytes = default_cache;
@@ -137,12 +134,10 @@ void AddNodeCommands(CLI::App& app) {
   {
     auto* c = app.add_subcommand("node", "Run a node agent: block cache + FUSE mount");
     auto f = std::make_shared<NodeFlags>();
-    auto meta_flag = std::make_shared<std::string>();
-    c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
     AddNodeFlags(c, f.get(), false);
     c->callback([=] {
       if (f->cache_dir.empty()) Fail("--cache-dir is required");
-      auto o = ToNodeOptions(*f, meta::ResolveMetaAddress(*meta_flag), 0);
+      auto o = ToNodeOptions(*f, meta::ResolveMetaAddress(f->meta.address), 0);
       BlockTerminationSignals();
       RunAgent(o, {});
     });
@@ -182,9 +177,10 @@ void AddNodeCommands(CLI::App& app) {
       mo.listen = *listen;
       mo.data_dir = dir + "/meta";
       mo.lease = std::chrono::seconds(3);  // one machine: heartbeats every second
+      mo.token = o.token;
       auto server = meta::MetaServer::Start(mo);
       if (!server.ok()) Fail(server.status());
-      meta::MetaClient client(*listen);
+      meta::MetaClient client(*listen, meta::MetaCredentials{o.token, ""});
       for (const std::string& spec : *datasets) {
         size_t eq = spec.find('=');
         if (eq == std::string::npos || eq == 0) {

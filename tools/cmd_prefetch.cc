@@ -146,7 +146,7 @@ void AddPrefetchCommands(CLI::App& app) {
     auto pin = std::make_shared<std::string>();
     auto version = std::make_shared<uint32_t>(0);
     auto detach = std::make_shared<bool>(false);
-    auto meta_flag = std::make_shared<std::string>();
+    auto meta_flags = std::make_shared<MetaFlags>();
     auto as_json = std::make_shared<bool>(false);
     c->add_option("ARGS", *args, "NAME [PATH...], or ls | status ID | cancel ID")->required();
     c->add_option("--nodes", *nodes, "Comma-separated node ids (default: every live node)");
@@ -158,10 +158,11 @@ void AddPrefetchCommands(CLI::App& app) {
     c->add_option("--pin", *pin, "Keep the blocks from eviction this long, e.g. 12h");
     c->add_option("--version", *version, "Dataset version (default: latest)");
     c->add_flag("--detach", *detach, "Start it and return");
-    c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+    AddMetaFlags(c, meta_flags.get());
     c->add_flag("--json", *as_json, "ls: print JSON");
     c->callback([=] {
-      meta::MetaClient client(meta::ResolveMetaAddress(*meta_flag));
+      auto client_ptr = ConnectMeta(*meta_flags);
+      meta::MetaClient& client = *client_ptr;
       const std::string& first = (*args)[0];
       if (first == "ls" && args->size() == 1) {
         auto jobs = client.ListPrefetches();
@@ -245,13 +246,14 @@ void AddPrefetchCommands(CLI::App& app) {
     auto* c = app.add_subcommand("unpin", "Release pins: ember unpin NAME | --prefetch ID");
     auto name = std::make_shared<std::string>();
     auto id = std::make_shared<std::string>();
-    auto meta_flag = std::make_shared<std::string>();
+    auto meta_flags = std::make_shared<MetaFlags>();
     c->add_option("NAME", *name, "Dataset whose pins to release");
     c->add_option("--prefetch", *id, "Release the pin of one prefetch");
-    c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+    AddMetaFlags(c, meta_flags.get());
     c->callback([=] {
       if (name->empty() == id->empty()) Fail("give a dataset NAME or --prefetch ID");
-      meta::MetaClient client(meta::ResolveMetaAddress(*meta_flag));
+      auto client_ptr = ConnectMeta(*meta_flags);
+      meta::MetaClient& client = *client_ptr;
       auto n = client.Unpin(*name, *id);
       if (!n.ok()) Fail(n.status());
       std::cout << "released " << *n << " pin(s)\n";
@@ -261,14 +263,15 @@ void AddPrefetchCommands(CLI::App& app) {
     auto* c = app.add_subcommand("locality", "Where a dataset is warm: per node and overall");
     auto name = std::make_shared<std::string>();
     auto version = std::make_shared<uint32_t>(0);
-    auto meta_flag = std::make_shared<std::string>();
+    auto meta_flags = std::make_shared<MetaFlags>();
     auto as_json = std::make_shared<bool>(false);
     c->add_option("NAME", *name, "Dataset")->required();
     c->add_option("--version", *version, "Dataset version (default: latest)");
-    c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+    AddMetaFlags(c, meta_flags.get());
     c->add_flag("--json", *as_json, "Print JSON");
     c->callback([=] {
-      meta::MetaClient client(meta::ResolveMetaAddress(*meta_flag));
+      auto client_ptr = ConnectMeta(*meta_flags);
+      meta::MetaClient& client = *client_ptr;
       auto l = client.Locality(*name, *version);
       if (!l.ok()) Fail(l.status());
       auto state = [](rpc::Node::State s) { return s == rpc::Node::ALIVE ? "alive" : "dead"; };

@@ -13,12 +13,13 @@ namespace ember::tools {
 
 void AddStatusCommand(CLI::App& app) {
   auto* c = app.add_subcommand("status", "Show nodes: state, labels, cache use and traffic");
-  auto meta_flag = std::make_shared<std::string>();
+  auto meta_flags = std::make_shared<MetaFlags>();
   auto as_json = std::make_shared<bool>(false);
-  c->add_option("--meta", *meta_flag, "Meta HOST:PORT (default $EMBER_META or 127.0.0.1:7370)");
+  AddMetaFlags(c, meta_flags.get());
   c->add_flag("--json", *as_json, "Print JSON");
   c->callback([=] {
-    meta::MetaClient client(meta::ResolveMetaAddress(*meta_flag));
+    auto client_ptr = ConnectMeta(*meta_flags);
+      meta::MetaClient& client = *client_ptr;
     auto nodes = client.ListNodes();
     if (!nodes.ok()) Fail(nodes.status());
     auto state = [](const rpc::Node& n) {
