@@ -34,7 +34,8 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   if (!data.ok()) return data.status();
   std::string token = std::move(*data);
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, " is empty"));
+  if (token.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, " is empty"));
   return token;
 }
 

@@ -18,8 +18,7 @@ std::string ResolveMetaAddress(const std::string& flag_value) {
 
 class MetaClient::Impl {
  public:
-  Impl(const std::string& address, const MetaCredentials& creds,
-       std::chrono::milliseconds timeout)
+  Impl(const std::string& address, const MetaCredentials& creds, std::chrono::milliseconds timeout)
       : address(address), timeout(timeout) {
     if (!creds.token.empty()) bearer = absl::StrCat(kBearerPrefix, creds.token);
     std::shared_ptr<grpc::ChannelCredentials> channel_creds = grpc::InsecureChannelCredentials();

@@ -375,7 +375,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   // ---- scheduler ----
 
-  grpc::Status SubmitJob(grpc::ServerContext* ctx, const rpc::JobSpec* req, rpc::Job* resp) override {
+  grpc::Status SubmitJob(grpc::ServerContext* ctx, const rpc::JobSpec* req,
+                         rpc::Job* resp) override {
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoSubmit(*req, resp));
   }
@@ -398,12 +399,14 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override {
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
+                         rpc::Job* resp) override {
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(EndJob(req->id(), rpc::Job::CANCELLED, resp));
   }
 
-  grpc::Status CompleteJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override {
+  grpc::Status CompleteJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
+                           rpc::Job* resp) override {
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(EndJob(req->id(), rpc::Job::COMPLETED, resp));
   }
@@ -556,12 +559,13 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       for (const auto& ds : all) {
         for (const auto& v : ds.versions()) {
           uint64_t bs = std::max<uint64_t>(ds.block_size(), 1);
-          bounds_[{ds.id(), v.version()}] = {v.max_file_id(), std::max<uint64_t>(1, (v.bytes() + bs - 1) / bs)};
+          bounds_[{ds.id(), v.version()}] = {v.max_file_id(),
+                                             std::max<uint64_t>(1, (v.bytes() + bs - 1) / bs)};
         }
       }
     }
-    return absl::NotFoundError(
-        absl::StrCat("no dataset version ", dataset_id, "/", version, " (removed, or never added)"));
+    return absl::NotFoundError(absl::StrCat("no dataset version ", dataset_id, "/", version,
+                                            " (removed, or never added)"));
   }
 
   void InvalidateBounds() {

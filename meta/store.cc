@@ -232,6 +232,7 @@ absl::StatusOr<std::vector<rpc::FileEntry>> MetaStore::ReadManifest(uint32_t dat
                                                                     uint64_t after_file_id,
                                                                     size_t max_entries) {
   std::vector<rpc::FileEntry> out;
+  if (after_file_id == UINT64_MAX) return out;  // nothing after the last possible id
   std::string prefix = VersionPrefix(dataset_id, version);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), manifests_));
   for (it->Seek(FileKeyBytes(dataset_id, version, after_file_id + 1));

@@ -70,9 +70,7 @@ void AddDatasetCommand(CLI::App& app) {
   auto meta_flags = std::make_shared<MetaFlags>();
   auto as_json = std::make_shared<bool>(false);
   auto client = [meta_flags] { return ConnectMeta(*meta_flags); };
-  auto add_common = [&](CLI::App* c) {
-    AddMetaFlags(c, meta_flags.get());
-  };
+  auto add_common = [&](CLI::App* c) { AddMetaFlags(c, meta_flags.get()); };
 
   // add
   {

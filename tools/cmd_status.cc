@@ -19,7 +19,7 @@ void AddStatusCommand(CLI::App& app) {
   c->add_flag("--json", *as_json, "Print JSON");
   c->callback([=] {
     auto client_ptr = ConnectMeta(*meta_flags);
-      meta::MetaClient& client = *client_ptr;
+    meta::MetaClient& client = *client_ptr;
     auto nodes = client.ListNodes();
     if (!nodes.ok()) Fail(nodes.status());
     auto state = [](const rpc::Node& n) {

@@ -12,7 +12,7 @@ PACKAGES=(
   libibverbs-dev rdma-core
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libspdlog-dev
-  procps psmisc bc
+  procps psmisc bc openssl util-linux clang
 )
 
 missing=()

@@ -11,11 +11,12 @@
 namespace ember::testing {
 
 MetaProcess::MetaProcess(const std::string& dir, const std::string& lease,
-                         std::vector<std::string> extra_args)
+                         std::vector<std::string> extra_args,
+                         const meta::MetaCredentials& credentials)
     : dir_(dir), lease_(lease), extra_args_(std::move(extra_args)) {
   std::filesystem::create_directories(dir_);
   address_ = absl::StrCat("127.0.0.1:", FreePort());
-  client_ = std::make_unique<meta::MetaClient>(address_, std::chrono::seconds(5));
+  client_ = std::make_unique<meta::MetaClient>(address_, credentials, std::chrono::seconds(5));
   Start();
 }
 

@@ -14,8 +14,10 @@ namespace ember::testing {
 class MetaProcess {
  public:
   // Starts meta under dir/meta (data) and waits until it answers.
+  // `credentials`: what the test's client() uses (token, TLS CA) when extra_args secure meta.
   explicit MetaProcess(const std::string& dir, const std::string& lease = "10s",
-                       std::vector<std::string> extra_args = {});
+                       std::vector<std::string> extra_args = {},
+                       const meta::MetaCredentials& credentials = {});
   ~MetaProcess();
 
   const std::string& address() const { return address_; }
