@@ -15,40 +15,10 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "cachefs/index_record.h"
 
 namespace ember::cachefs {
 namespace {
-
-std::string IndexKey(const BlockAddr& a) {
-  std::string k;
-  auto put = [&](uint64_t v, int n) {
-    for (int i = n - 1; i >= 0; i--) k.push_back(static_cast<char>(v >> (8 * i)));
-  };
-  put(a.dataset_id, 4);
-  put(a.version, 4);
-  put(a.file_id, 8);
-  put(a.index, 8);
-  return k;
-}
-
-uint64_t GetBe(const char* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; i++) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-// checksum (8) | offset (8) | length (4) | pinned until, unix ms (8)
-std::string IndexValue(uint64_t checksum, uint64_t offset, uint32_t length, int64_t pin) {
-  std::string v;
-  auto put = [&](uint64_t x, int n) {
-    for (int i = n - 1; i >= 0; i--) v.push_back(static_cast<char>(x >> (8 * i)));
-  };
-  put(checksum, 8);
-  put(offset, 8);
-  put(length, 4);
-  put(static_cast<uint64_t>(pin), 8);
-  return v;
-}
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -102,19 +72,18 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
   std::vector<std::string> stale_keys;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    if (it->key().size() != 24 || (it->value().size() != 20 && it->value().size() != 28)) {
+    auto rec = DecodeIndexRecord(std::string_view(it->key().data(), it->key().size()),
+                                 std::string_view(it->value().data(), it->value().size()));
+    if (!rec) {
       stale_keys.push_back(it->key().ToString());
       continue;
     }
-    const char* k = it->key().data();
-    BlockAddr a{static_cast<uint32_t>(GetBe(k, 4)), static_cast<uint32_t>(GetBe(k + 4, 4)),
-                GetBe(k + 8, 8), GetBe(k + 16, 8)};
-    const char* v = it->value().data();
+    const BlockAddr a = rec->addr;
     Entry e;
-    e.checksum = GetBe(v, 8);
-    e.offset = GetBe(v + 8, 8);
-    e.length = static_cast<uint32_t>(GetBe(v + 16, 4));
-    if (it->value().size() == 28) e.pinned_until_ms = static_cast<int64_t>(GetBe(v + 20, 8));
+    e.checksum = rec->checksum;
+    e.offset = rec->offset;
+    e.length = rec->length;
+    e.pinned_until_ms = rec->pinned_until_ms;
     e.generation = cache->next_generation_++;
     std::string path = cache->FilePath(a);
     if (!present_files.count(path)) {
@@ -135,7 +104,7 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
   }
   for (const auto& k : stale_keys) db->Delete(rocksdb::WriteOptions(), k);
   if (!stale_keys.empty()) {
-    spdlog::warn("cache: forgot {} index records whose cache files were missing or short",
+    spdlog::warn("cache: forgot {} index records that were damaged or whose cache files were missing or short",
                  stale_keys.size());
   }
   // A smaller capacity than last time: evict down to it (unpinned blocks first).
@@ -239,7 +208,7 @@ void BlockCache::PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t leng
 
 void BlockCache::RemoveLocked(std::map<BlockAddr, Entry>::iterator it, bool evicted) {
   const BlockAddr addr = it->first;
-  index_->Delete(rocksdb::WriteOptions(), IndexKey(addr));
+  index_->Delete(rocksdb::WriteOptions(), EncodeIndexKey(addr));
   removed_.push_back(addr);
   if (evicted) evictions_++;
   if (it->second.pins > 0) {
@@ -346,7 +315,8 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   }
   rocksdb::Status s;
   if (err == 0) {
-    s = index_->Put(rocksdb::WriteOptions(), IndexKey(addr), IndexValue(checksum, offset, len, 0));
+    s = index_->Put(rocksdb::WriteOptions(), EncodeIndexKey(addr),
+                    EncodeIndexValue({addr, checksum, offset, static_cast<uint32_t>(len), 0}));
     if (!s.ok()) err = EIO;
   }
 
@@ -387,8 +357,8 @@ bool BlockCache::SetPin(const BlockAddr& addr, int64_t until_unix_ms) {
   Entry& e = it->second;
   if (e.pinned_until_ms == until_unix_ms) return true;
   e.pinned_until_ms = until_unix_ms;
-  index_->Put(rocksdb::WriteOptions(), IndexKey(addr),
-              IndexValue(e.checksum, e.offset, e.length, until_unix_ms));
+  index_->Put(rocksdb::WriteOptions(), EncodeIndexKey(addr),
+              EncodeIndexValue({addr, e.checksum, e.offset, e.length, until_unix_ms}));
   return true;
 }
 

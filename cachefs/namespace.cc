@@ -4,6 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cachefs/manifest_cache.h"
+#include "common/status.h"
 
 namespace ember::cachefs {
 namespace {
@@ -23,6 +25,37 @@ std::string DatasetView::PathOf(uint64_t file_id) const {
   return path;
 }
 
+bool DatasetView::Append(const rpc::FileEntry& e) {
+  if (e.file_id() != nodes.size() + 1) return false;
+  if (nodes.empty()) {
+    if (e.parent_id() != 0 || e.type() != rpc::FileEntry::DIR) return false;
+  } else {
+    if (e.parent_id() == 0 || e.parent_id() > nodes.size() ||
+        nodes[e.parent_id() - 1].type != rpc::FileEntry::DIR) {
+      return false;
+    }
+    const std::string& n = e.name();
+    if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos ||
+        n.find('\0') != std::string::npos) {
+      return false;
+    }
+  }
+  FsNode n;
+  n.parent = e.parent_id();
+  n.name = e.name();
+  n.type = static_cast<uint8_t>(e.type());
+  n.size = e.size();
+  n.mode = e.mode();
+  n.uid = e.uid();
+  n.gid = e.gid();
+  n.mtime_ns = e.mtime_ns();
+  n.link_target = e.link_target();
+  nodes.push_back(std::move(n));
+  // Pre-order with sorted children: appending keeps each child list sorted.
+  if (e.parent_id() != 0) nodes[e.parent_id() - 1].children.push_back(e.file_id());
+  return true;
+}
+
 uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id) {
   return (static_cast<uint64_t>(dataset_id) << 48) | (static_cast<uint64_t>(view & 0xffff) << 32) |
          (file_id & 0xffffffffull);
@@ -34,7 +67,12 @@ void SplitIno(uint64_t ino, uint32_t* dataset_id, uint32_t* view, uint64_t* file
   *file_id = ino & 0xffffffffull;
 }
 
-Namespace::Namespace(meta::MetaClient* meta) : meta_(meta) {}
+Namespace::Namespace(meta::MetaClient* meta, ManifestCache* disk) : meta_(meta), disk_(disk) {
+  if (disk_ != nullptr) {
+    auto saved = disk_->LoadDatasets();
+    if (saved.ok()) datasets_ = std::move(*saved);
+  }
+}
 
 std::vector<rpc::Dataset> Namespace::Datasets(bool force_refresh) {
   std::lock_guard lock(list_mu_);
@@ -42,9 +80,20 @@ std::vector<rpc::Dataset> Namespace::Datasets(bool force_refresh) {
   if (force_refresh || now - listed_at_ >= kListTtl) {
     auto list = meta_->ListDatasets();
     if (list.ok()) {
+      bool changed = list->size() != datasets_.size();
+      for (size_t i = 0; !changed && i < list->size(); i++) {
+        changed = (*list)[i].SerializeAsString() != datasets_[i].SerializeAsString();
+      }
       datasets_ = std::move(*list);
+      if (changed && disk_ != nullptr) {
+        if (auto s = disk_->SaveDatasets(datasets_); !s.ok()) {
+          spdlog::warn("node: cannot keep a copy of the dataset list: {}",
+                       std::string(s.message()));
+        }
+      }
     } else if (listed_at_ == std::chrono::steady_clock::time_point{}) {
-      spdlog::warn("node: cannot list datasets: {}", std::string(list.status().message()));
+      spdlog::warn("node: cannot list datasets: {}{}", std::string(list.status().message()),
+                   datasets_.empty() ? "" : "; using the copy kept on disk");
     }
     listed_at_ = now;
   }
@@ -102,50 +151,56 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
     auto it = views_.find({ds.id(), view});
     if (it != views_.end()) return it->second;
   }
-  auto v = std::make_shared<DatasetView>();
-  v->name = ds.name();
-  v->dataset_id = ds.id();
+  const uint32_t version = view == 0 ? ds.latest_version() : view;
+  std::shared_ptr<DatasetView> v;
+  if (disk_ != nullptr) {
+    auto saved = disk_->LoadManifest(ds.id(), version);
+    if (saved.ok()) {
+      v = std::move(*saved);
+    } else if (!absl::IsNotFound(saved.status())) {
+      spdlog::warn("node: {}; loading it from meta", std::string(saved.status().message()));
+    }
+  }
+  if (v == nullptr) {
+    ASSIGN_OR_RETURN(v, LoadFromMeta(ds, version));
+    if (disk_ != nullptr) {
+      if (auto s = disk_->SaveManifest(*v); !s.ok()) {
+        spdlog::warn("node: cannot keep a copy of the manifest of {}: {}", ds.name(),
+                     std::string(s.message()));
+      }
+    }
+    spdlog::info("node: loaded {} version {} ({} entries)", ds.name(), v->version,
+                 v->nodes.size());
+  }
   v->view = view;
-  v->version = view == 0 ? ds.latest_version() : view;
-  v->origin = ds.origin();
-  v->block_size = ds.block_size();
-  for (const auto& info : ds.versions()) {
-    if (info.version() == v->version) v->nodes.reserve(info.max_file_id());
-  }
-  bool dense = true;
-  absl::Status st =
-      meta_->ForEachManifestEntry(ds.name(), v->version, [&](const rpc::FileEntry& e) {
-        if (e.file_id() != v->nodes.size() + 1) {
-          dense = false;
-          return;
-        }
-        FsNode n;
-        n.parent = e.parent_id();
-        n.name = e.name();
-        n.type = static_cast<uint8_t>(e.type());
-        n.size = e.size();
-        n.mode = e.mode();
-        n.uid = e.uid();
-        n.gid = e.gid();
-        n.mtime_ns = e.mtime_ns();
-        n.link_target = e.link_target();
-        v->nodes.push_back(std::move(n));
-        // Pre-order with sorted children: appending keeps each child list sorted.
-        if (e.parent_id() != 0 && e.parent_id() <= v->nodes.size()) {
-          v->nodes[e.parent_id() - 1].children.push_back(e.file_id());
-        }
-      });
-  if (!st.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot load manifest of ", ds.name(), " version ",
-                                               v->version, ": ", st.message()));
-  }
-  if (!dense || v->nodes.empty()) {
-    return absl::DataLossError(absl::StrCat("manifest of ", ds.name(), " is malformed"));
-  }
-  spdlog::info("node: loaded {} version {} ({} entries)", ds.name(), v->version, v->nodes.size());
   std::unique_lock lock(views_mu_);
   views_[{ds.id(), view}] = v;
   return std::shared_ptr<const DatasetView>(v);
+}
+
+absl::StatusOr<std::shared_ptr<DatasetView>> Namespace::LoadFromMeta(const rpc::Dataset& ds,
+                                                                       uint32_t version) {
+  auto v = std::make_shared<DatasetView>();
+  v->name = ds.name();
+  v->dataset_id = ds.id();
+  v->version = version;
+  v->origin = ds.origin();
+  v->block_size = ds.block_size();
+  for (const auto& info : ds.versions()) {
+    if (info.version() == version) v->nodes.reserve(info.max_file_id());
+  }
+  bool shaped = true;
+  absl::Status st = meta_->ForEachManifestEntry(ds.name(), version, [&](const rpc::FileEntry& e) {
+    if (shaped) shaped = v->Append(e);
+  });
+  if (!st.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot load manifest of ", ds.name(), " version ",
+                                               version, ": ", st.message()));
+  }
+  if (!shaped || v->nodes.empty()) {
+    return absl::DataLossError(absl::StrCat("manifest of ", ds.name(), " is malformed"));
+  }
+  return v;
 }
 
 }  // namespace ember::cachefs

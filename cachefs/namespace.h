@@ -1,6 +1,7 @@
 // Namespace: the mount's tree. The root lists every dataset; `NAME` is the dataset's latest
 // version (resolved once per agent lifetime) and `NAME@V` pins version V. Manifests come from meta,
 // page by page, the first time a dataset view is used, and stay in memory (they are immutable).
+// Copies on disk (manifest_cache.h) answer when meta cannot: a node serves through a meta outage.
 //
 // Inode numbers are derived, never allocated: ino = dataset_id << 48 | view << 32 | file_id, where
 // view is 0 for the latest-version view and V for `NAME@V`; the mount root is 1. So a restarted
@@ -49,14 +50,21 @@ struct DatasetView {
   }
   // The path of a file relative to the dataset root.
   std::string PathOf(uint64_t file_id) const;
+  // Adds the next entry of a manifest streamed in file id order. Returns false (adding nothing)
+  // unless its id is the next one, its parent an earlier directory (0 for the root only), and
+  // its name a single path component.
+  bool Append(const rpc::FileEntry& e);
 };
 
 uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id);
 void SplitIno(uint64_t ino, uint32_t* dataset_id, uint32_t* view, uint64_t* file_id);
 
+class ManifestCache;
+
 class Namespace {
  public:
-  explicit Namespace(meta::MetaClient* meta);
+  // `disk` (may be null) keeps copies of the list and manifests for when meta is away.
+  Namespace(meta::MetaClient* meta, ManifestCache* disk);
 
   // The datasets at the root, refreshed from meta at most every couple of seconds; when meta is
   // unreachable the last known list is kept.
@@ -69,9 +77,12 @@ class Namespace {
 
  private:
   absl::StatusOr<std::shared_ptr<const DatasetView>> Load(const rpc::Dataset& ds, uint32_t view);
+  absl::StatusOr<std::shared_ptr<DatasetView>> LoadFromMeta(const rpc::Dataset& ds,
+                                                            uint32_t version);
   absl::StatusOr<rpc::Dataset> DatasetById(uint32_t id);
 
   meta::MetaClient* meta_;
+  ManifestCache* disk_;
   std::mutex list_mu_;
   std::vector<rpc::Dataset> datasets_;
   std::chrono::steady_clock::time_point listed_at_{};

@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "cachefs/manifest_cache.h"
 #include "absl/strings/str_cat.h"
 #include "common/units.h"
 
@@ -108,7 +109,8 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   ro.fill_threads = options.fill_threads;
   a->read_path_ = std::make_unique<ReadPath>(a->cache_.get(), a->origin_.get(), a->meta_.get(), ro,
                                              a->peers_.get());
-  a->namespace_ = std::make_unique<Namespace>(a->meta_.get());
+  a->manifests_ = std::make_unique<ManifestCache>(options.cache_dir + "/manifests");
+  a->namespace_ = std::make_unique<Namespace>(a->meta_.get(), a->manifests_.get());
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(),
                                        options.readahead_blocks);
   a->prefetch_ =

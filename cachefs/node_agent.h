@@ -29,6 +29,8 @@
 
 namespace ember::cachefs {
 
+class ManifestCache;
+
 struct NodeOptions {
   std::string meta_address;
   std::string listen = "127.0.0.1:7371";  // address peers reach this node's block server on
@@ -78,6 +80,7 @@ class NodeAgent {
   std::unique_ptr<transport::BlockTransport> transport_;
   std::unique_ptr<PeerFetcher> peers_;
   std::unique_ptr<ReadPath> read_path_;
+  std::unique_ptr<ManifestCache> manifests_;
   std::unique_ptr<Namespace> namespace_;
   std::unique_ptr<DatasetFs> fs_;
   std::unique_ptr<PrefetchRunner> prefetch_;
