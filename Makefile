@@ -8,7 +8,7 @@ export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 export CCACHE_MAXSIZE ?= 5G
 
-.PHONY: all deps configure build test demo bench asan clean format
+.PHONY: all deps configure build test demo bench asan fuzz clean format
 
 all: build
 
@@ -34,8 +34,16 @@ bench: build
 asan:
 	@$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=Debug CMAKE_EXTRA=-DEMBER_SANITIZE=ON
 
+# libFuzzer targets (clang, ASan+UBSan) in their own build dir, each run FUZZ_SECONDS.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DEMBER_FUZZ=ON > /dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target fuzz_wire fuzz_manifest fuzz_index_record fuzz_units
+	@tools/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
 format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan
+	rm -rf $(BUILD_DIR) build-asan build-fuzz

@@ -6,6 +6,7 @@
 #include <rocksdb/options.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -342,8 +343,14 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
     return InsertResult::kError;
   }
   if (disk_full_logged_) {
-    spdlog::info("cache: writing blocks again under {}", options_.dir);
-    disk_full_logged_ = false;
+    // Near the edge a write can fit between failures (a failed write's pages are punched):
+    // call the disk back only once there is real room, so the log says "full" once.
+    struct statvfs vfs;
+    if (statvfs(options_.dir.c_str(), &vfs) == 0 &&
+        static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize >= 4 * len + (16u << 20)) {
+      spdlog::info("cache: writing blocks again under {}", options_.dir);
+      disk_full_logged_ = false;
+    }
   }
   it->second.writing = false;
   added_.push_back(addr);
@@ -405,6 +412,51 @@ void BlockCache::ForEachResidentFile(
     }
   }
   for (const auto& [ds, ver, file, bm] : files) fn(ds, ver, file, bm);
+}
+
+BlockCache::VerifyReport BlockCache::VerifyAll(
+    bool repair, const std::function<void(uint64_t, uint64_t)>& progress) {
+  struct Item {
+    BlockAddr addr;
+    uint64_t offset, checksum, generation;
+    uint32_t length;
+  };
+  std::vector<Item> items;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [a, e] : blocks_) {
+      if (!e.writing && !e.doomed) items.push_back({a, e.offset, e.checksum, e.generation, e.length});
+    }
+  }
+  VerifyReport r;
+  std::string buf;
+  for (const Item& it : items) {
+    std::string path = FilePath(it.addr);
+    buf.resize(it.length);
+    bool good = false;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      size_t done = 0;
+      while (done < it.length) {
+        ssize_t n = pread(fd, buf.data() + done, it.length - done,
+                          static_cast<off_t>(it.offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+      }
+      close(fd);
+      good = done == it.length && BlockChecksum(buf.data(), buf.size()) == it.checksum;
+    }
+    r.blocks++;
+    r.bytes += it.length;
+    if (!good) {
+      r.damaged++;
+      if (r.damaged_files.size() < 20) r.damaged_files.push_back(path);
+      if (repair) Drop(it.addr, it.generation);
+    }
+    if (progress) progress(r.blocks, items.size());
+  }
+  return r;
 }
 
 }  // namespace ember::cachefs

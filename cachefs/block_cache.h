@@ -99,6 +99,16 @@ class BlockCache {
 
   std::string FilePath(const BlockAddr& addr) const;
 
+  // Reads every resident block back and checks it against its index record (an offline check:
+  // `ember cache verify`). With repair, damaged blocks are dropped (refetched on the next read).
+  // progress(done, total) is called as it goes.
+  struct VerifyReport {
+    uint64_t blocks = 0, bytes = 0, damaged = 0;
+    std::vector<std::string> damaged_files;  // cache files holding damaged blocks (first 20)
+  };
+  VerifyReport VerifyAll(bool repair,
+                         const std::function<void(uint64_t, uint64_t)>& progress = {});
+
  private:
   struct Entry {
     uint64_t checksum = 0;

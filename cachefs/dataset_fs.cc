@@ -72,7 +72,8 @@ absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name
   }
   auto r = Resolve(parent);
   if (!r.ok()) return r.status();
-  const auto& [view, dir] = *r;
+  const auto& view = std::get<0>(*r);  // not a structured binding: the lambda captures it
+  const auto& dir = std::get<1>(*r);
   if (dir->type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
   auto it =
       std::lower_bound(dir->children.begin(), dir->children.end(), name,

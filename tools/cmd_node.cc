@@ -35,6 +35,7 @@ struct NodeFlags {
   bool allow_other = false;
   int readahead = 2;
   std::string transport = "auto";
+  std::string peer_timeout = "3s";
   MetaFlags meta;  // --token-file is also the token peers prove to each other
 };
 
@@ -52,6 +53,9 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--readahead", f->readahead, "Blocks to read ahead of a sequential reader")
       ->capture_default_str();
   c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
+      ->capture_default_str();
+  c->add_option("--peer-timeout", f->peer_timeout,
+                "A peer silent this long is skipped (and avoided for 10 s)")
       ->capture_default_str();
   if (for_up) {
     c->add_option("--token-file", f->meta.token_file,
@@ -76,6 +80,10 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   auto mode = transport::ParseTransportMode(f.transport);
   if (!mode.ok()) Fail(mode.status());
   o.transport = *mode;
+  auto peer_timeout = ParseDuration(f.peer_timeout);
+  if (!peer_timeout.ok()) Fail(peer_timeout.status());
+  if (peer_timeout->count() < 10) Fail("--peer-timeout must be at least 10ms");
+  o.peer_timeout = *peer_timeout;
   auto creds = ResolveCredentials(f.meta);
   o.token = creds.token;
   o.tls_ca_file = creds.tls_ca_file;

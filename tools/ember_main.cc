@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   ember::tools::AddNodeCommands(app);
   ember::tools::AddPrefetchCommands(app);
   ember::tools::AddJobCommands(app);
+  ember::tools::AddCacheCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

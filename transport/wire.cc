@@ -252,11 +252,14 @@ std::optional<QpInfo> DecodeQpInfo(std::string_view f) {
   q.qp_num = r.U32();
   q.lid = r.U16();
   r.Bytes(q.gid.data(), q.gid.size());
-  q.psn = r.U32() & 0xffffff;
+  q.psn = r.U32();
   q.addr = r.U64();
   q.rkey = r.U32();
   q.mtu = r.U32();
-  if (!r.ok() || q.qp_num == 0 || q.qp_num > 0xffffff || q.mtu < 1 || q.mtu > 5) {
+  // PSNs and QP numbers are 24-bit: anything above is a malformed frame, not something to mask
+  // (found by fuzz_wire; the input is kept in tests/fuzz/corpus/wire).
+  if (!r.ok() || q.qp_num == 0 || q.qp_num > 0xffffff || q.psn > 0xffffff || q.mtu < 1 ||
+      q.mtu > 5) {
     return std::nullopt;
   }
   return q;
