@@ -105,8 +105,10 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
   }
   for (const auto& k : stale_keys) db->Delete(rocksdb::WriteOptions(), k);
   if (!stale_keys.empty()) {
-    spdlog::warn("cache: forgot {} index records that were damaged or whose cache files were missing or short",
-                 stale_keys.size());
+    spdlog::warn(
+        "cache: forgot {} index records that were damaged or whose cache files were missing or "
+        "short",
+        stale_keys.size());
   }
   // A smaller capacity than last time: evict down to it (unpinned blocks first).
   {
@@ -425,7 +427,8 @@ BlockCache::VerifyReport BlockCache::VerifyAll(
   {
     std::lock_guard lock(mu_);
     for (const auto& [a, e] : blocks_) {
-      if (!e.writing && !e.doomed) items.push_back({a, e.offset, e.checksum, e.generation, e.length});
+      if (!e.writing && !e.doomed)
+        items.push_back({a, e.offset, e.checksum, e.generation, e.length});
     }
   }
   VerifyReport r;
@@ -438,8 +441,8 @@ BlockCache::VerifyReport BlockCache::VerifyAll(
     if (fd >= 0) {
       size_t done = 0;
       while (done < it.length) {
-        ssize_t n = pread(fd, buf.data() + done, it.length - done,
-                          static_cast<off_t>(it.offset + done));
+        ssize_t n =
+            pread(fd, buf.data() + done, it.length - done, static_cast<off_t>(it.offset + done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
         done += static_cast<size_t>(n);

@@ -106,8 +106,7 @@ class BlockCache {
     uint64_t blocks = 0, bytes = 0, damaged = 0;
     std::vector<std::string> damaged_files;  // cache files holding damaged blocks (first 20)
   };
-  VerifyReport VerifyAll(bool repair,
-                         const std::function<void(uint64_t, uint64_t)>& progress = {});
+  VerifyReport VerifyAll(bool repair, const std::function<void(uint64_t, uint64_t)>& progress = {});
 
  private:
   struct Entry {

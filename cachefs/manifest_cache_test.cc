@@ -40,7 +40,7 @@ DatasetView SampleView() {
 
 TEST(ManifestCacheTest, AppendRefusesEntriesOutOfShape) {
   DatasetView v = SampleView();
-  EXPECT_FALSE(v.Append(Entry(6, 1, "skip", rpc::FileEntry::FILE)));    // not the next id
+  EXPECT_FALSE(v.Append(Entry(6, 1, "skip", rpc::FileEntry::FILE)));  // not the next id
   EXPECT_FALSE(v.Append(Entry(5, 2, "under-a-file", rpc::FileEntry::FILE)));
   EXPECT_FALSE(v.Append(Entry(5, 9, "later-parent", rpc::FileEntry::FILE)));
   EXPECT_FALSE(v.Append(Entry(5, 1, "..", rpc::FileEntry::FILE)));
@@ -92,7 +92,8 @@ TEST(ManifestCacheTest, SavedCopiesLoadAndDamagedOnesAreDropped) {
   EXPECT_EQ(cache.LoadManifest(3, 9).status().code(), absl::StatusCode::kDataLoss);
   // Damage: refused once, then gone.
   {
-    std::fstream f(dir.Sub("manifests/3-2.manifest"), std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(dir.Sub("manifests/3-2.manifest"),
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(20);
     f.put('\x7f');
   }
@@ -121,7 +122,9 @@ TEST(IndexRecordTest, RoundTripAndBadRecordsAreRefused) {
   EXPECT_TRUE(DecodeIndexRecord(k, v.substr(0, 20)).has_value());  // an older record
   EXPECT_FALSE(DecodeIndexRecord(k, v.substr(0, 27)).has_value());
   EXPECT_FALSE(DecodeIndexRecord(k.substr(1), v).has_value());
-  auto bad = [&](IndexRecord x) { return DecodeIndexRecord(EncodeIndexKey(x.addr), EncodeIndexValue(x)); };
+  auto bad = [&](IndexRecord x) {
+    return DecodeIndexRecord(EncodeIndexKey(x.addr), EncodeIndexValue(x));
+  };
   IndexRecord x = r;
   x.length = 0;
   EXPECT_FALSE(bad(x));

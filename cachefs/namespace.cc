@@ -169,8 +169,7 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
                      std::string(s.message()));
       }
     }
-    spdlog::info("node: loaded {} version {} ({} entries)", ds.name(), v->version,
-                 v->nodes.size());
+    spdlog::info("node: loaded {} version {} ({} entries)", ds.name(), v->version, v->nodes.size());
   }
   v->view = view;
   std::unique_lock lock(views_mu_);
@@ -179,7 +178,7 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
 }
 
 absl::StatusOr<std::shared_ptr<DatasetView>> Namespace::LoadFromMeta(const rpc::Dataset& ds,
-                                                                       uint32_t version) {
+                                                                     uint32_t version) {
   auto v = std::make_shared<DatasetView>();
   v->name = ds.name();
   v->dataset_id = ds.id();

@@ -4,8 +4,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "cachefs/manifest_cache.h"
 #include "absl/strings/str_cat.h"
+#include "cachefs/manifest_cache.h"
 #include "common/units.h"
 
 namespace ember::cachefs {

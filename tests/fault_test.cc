@@ -75,8 +75,8 @@ class FaultTest : public ::testing::Test {
       names_.push_back(name);
       content_[name] = ReadFile(origin_ + "/" + name);
     }
-    auto r = RunEmber({"dataset", "add", "ds", origin_, "--meta", meta_->address(),
-                       "--block-size", block});
+    auto r = RunEmber(
+        {"dataset", "add", "ds", origin_, "--meta", meta_->address(), "--block-size", block});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
@@ -176,8 +176,10 @@ TEST_F(FaultTest, PeerKilledDuring32ReadersNoWrongOrFailedReads) {
   ASSERT_TRUE(WaitFor([&] { return a->Stats(meta_->client()).resident_blocks() >= 96; },
                       std::chrono::seconds(20)));
   auto r = ConcurrentReads(*b, 32, 0.2, [&] { a->Kill(SIGKILL); });
-  std::printf("32 readers, peer SIGKILLed at 20%%: %lu reads, %lu wrong, %lu failed, %.1f s after the kill\n",
-              r.reads, r.wrong, r.failed, r.seconds_after_trigger);
+  std::printf(
+      "32 readers, peer SIGKILLed at 20%%: %lu reads, %lu wrong, %lu failed, %.1f s after the "
+      "kill\n",
+      r.reads, r.wrong, r.failed, r.seconds_after_trigger);
   EXPECT_EQ(r.wrong, 0u);
   EXPECT_EQ(r.failed, 0u) << r.first_error;
   EXPECT_LT(r.seconds_after_trigger, 45.0);  // far below the 60 s lease

@@ -1,11 +1,33 @@
 // The `ember` command: one binary, sub-commands (see README.md and `ember --help`).
+#include <execinfo.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include "tools/cli.h"
 
+namespace {
+
+// A crash leaves a stack trace in the log (async-signal-safe calls only), then dies as it would.
+void OnFatalSignal(int sig) {
+  const char msg[] = "ember: fatal signal; stack trace follows\n";
+  (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, OnFatalSignal);
+  // A peer that hangs up mid-transfer must cost one connection, not the process: sendfile()
+  // has no MSG_NOSIGNAL (found by the chaos test: a thawed node died of SIGPIPE).
+  signal(SIGPIPE, SIG_IGN);
   CLI::App app{"Ember: a distributed data cache for training clusters"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ember 0.1.0");

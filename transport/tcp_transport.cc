@@ -1,5 +1,6 @@
 // The TCP transport: a block server (one thread per connection, sendfile from the cache file) and
 // a client with pooled, authenticated connections that receives straight into the caller's buffer.
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -370,6 +371,9 @@ class TcpTransport final : public BlockTransport {
 absl::StatusOr<std::unique_ptr<BlockServer>> StartBlockServer(const std::string& listen,
                                                               BlockSource* source,
                                                               const TransportOptions& options) {
+  // A client hanging up mid-send must cost one connection, not the process: sendfile() has no
+  // MSG_NOSIGNAL, so SIGPIPE is ignored in any process that serves blocks.
+  signal(SIGPIPE, SIG_IGN);
   int port = 0;
   auto fd = ListenTcp(listen, &port);
   if (!fd.ok()) return fd.status();

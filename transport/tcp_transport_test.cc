@@ -81,6 +81,24 @@ class TcpTransportTest : public ::testing::Test {
   std::string peer_;
 };
 
+TEST_F(TcpTransportTest, ClientHangingUpMidTransferDoesNotKillTheServer) {
+  // Found by the chaos test: a client that gave up (timeout) closed its socket while the server
+  // was still sending; sendfile() then raised SIGPIPE and killed the whole node.
+  for (int i = 0; i < 5; i++) {
+    int fd = RawConnection(options_.token);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    for (uint64_t id = 1; id <= 8; id++) {
+      std::string req = EncodeRequest(MakeRequest(id, {1, 1, 5, 1}, 0, 2 << 20));
+      ASSERT_TRUE(WriteFull(fd, req.data(), req.size()).ok());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    close(fd);  // unread megabytes in flight: the server's next send hits a closed socket
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ExpectServerStillServes();
+}
+
 TEST_F(TcpTransportTest, FetchesWholeAndPartialBlocks) {
   auto client = NewTcpTransport(options_);
   std::string buf(2 << 20, '\0');

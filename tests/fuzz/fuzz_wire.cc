@@ -19,9 +19,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::string_view frame(reinterpret_cast<const char*>(data) + 1, size - 1);
   switch (data[0] % 7) {
-    case 0: RoundTrip(frame, DecodeHello, EncodeHello); break;
-    case 1: RoundTrip(frame, DecodeAuth, EncodeAuth); break;
-    case 2: RoundTrip(frame, DecodeAuthReply, EncodeAuthReply); break;
+    case 0:
+      RoundTrip(frame, DecodeHello, EncodeHello);
+      break;
+    case 1:
+      RoundTrip(frame, DecodeAuth, EncodeAuth);
+      break;
+    case 2:
+      RoundTrip(frame, DecodeAuthReply, EncodeAuthReply);
+      break;
     case 3: {
       auto r = DecodeRequest(frame);
       if (r) {
@@ -31,8 +37,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
-    case 4: RoundTrip(frame, DecodeResponse, EncodeResponse); break;
-    case 5: RoundTrip(frame, DecodeQpInfo, EncodeQpInfo); break;
+    case 4:
+      RoundTrip(frame, DecodeResponse, EncodeResponse);
+      break;
+    case 5:
+      RoundTrip(frame, DecodeQpInfo, EncodeQpInfo);
+      break;
     case 6: {
       size_t n = ClientFrameSize(frame.substr(0, kHeaderSize));
       if (n != 0 && n < kHeaderSize) std::abort();
