@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachefs/errno.h"
+#include "common/metrics.h"
 
 namespace ember::cachefs {
 namespace {
@@ -47,6 +48,13 @@ void FillEntry(const Entry& e, fuse_entry_param* p) {
   FillStat(e.attr, &p->attr);
 }
 
+// Per-operation request counts and latency (until the reply) for /metrics: one histogram per
+// operation, looked up once per call site.
+#define EMBER_FUSE_OP(op)                                                                          \
+  static metrics::Histogram* const op_histogram = metrics::Global().GetHistogram(                  \
+      "ember_fuse_request_seconds", "FUSE requests by operation, until the reply.", {{"op", op}}); \
+  metrics::Timer op_timer(op_histogram)
+
 void OpInit(void* userdata, fuse_conn_info* conn) {
   // Zero-copy replies from cache files, and large read requests.
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
@@ -59,6 +67,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  EMBER_FUSE_OP("lookup");
   auto e = Fs(req)->Lookup(parent, name);
   if (!e.ok()) {
     int err = ToErrno(e.status());
@@ -83,6 +92,7 @@ void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
 void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  EMBER_FUSE_OP("getattr");
   auto e = Fs(req)->GetAttr(ino);
   if (!e.ok()) {
     fuse_reply_err(req, ToErrno(e.status()));
@@ -94,6 +104,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 }
 
 void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
+  EMBER_FUSE_OP("readlink");
   auto t = Fs(req)->ReadLink(ino);
   if (!t.ok()) {
     fuse_reply_err(req, ToErrno(t.status()));
@@ -103,6 +114,7 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
 }
 
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  EMBER_FUSE_OP("opendir");
   auto e = Fs(req)->GetAttr(ino);
   if (!e.ok()) {
     fuse_reply_err(req, ToErrno(e.status()));
@@ -156,14 +168,17 @@ void DoReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus
 }
 
 void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  EMBER_FUSE_OP("readdir");
   DoReaddir(req, ino, size, off, false);
 }
 
 void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  EMBER_FUSE_OP("readdirplus");
   DoReaddir(req, ino, size, off, true);
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  EMBER_FUSE_OP("open");
   auto h = Fs(req)->Open(ino, fi->flags);
   if (!h.ok()) {
     fuse_reply_err(req, ToErrno(h.status()));
@@ -175,6 +190,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  EMBER_FUSE_OP("read");
   auto r = Fs(req)->Read(ino, fi->fh, static_cast<uint64_t>(off), size);
   if (!r.ok()) {
     fuse_reply_err(req, ToErrno(r.status()));
@@ -208,11 +224,13 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  EMBER_FUSE_OP("release");
   Fs(req)->Release(fi->fh);
   fuse_reply_err(req, 0);
 }
 
 void OpStatfs(fuse_req_t req, fuse_ino_t) {
+  EMBER_FUSE_OP("statfs");
   FsStats s = Fs(req)->StatFs();
   struct statvfs st;
   std::memset(&st, 0, sizeof(st));
@@ -226,6 +244,7 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
 }
 
 void OpAccess(fuse_req_t req, fuse_ino_t, int mask) {
+  EMBER_FUSE_OP("access");
   fuse_reply_err(req, (mask & W_OK) ? EROFS : 0);
 }
 

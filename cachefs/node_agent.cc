@@ -1,11 +1,15 @@
 #include "cachefs/node_agent.h"
 
+#include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cachefs/manifest_cache.h"
+#include "common/metrics.h"
+#include "common/status.h"
 #include "common/units.h"
 
 namespace ember::cachefs {
@@ -119,13 +123,95 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
   if (!mount.ok()) return mount.status();
   a->mount_ = std::move(*mount);
+  RETURN_IF_ERROR(a->StartMetrics());
   a->background_ = std::thread([p = a.get()] { p->Background(); });
   return a;
+}
+
+rpc::NodeStats NodeAgent::RecentStats() {
+  std::lock_guard lock(stats_mu_);
+  auto now = std::chrono::steady_clock::now();
+  if (now - recent_at_ > std::chrono::milliseconds(500)) {
+    recent_stats_ = Stats();
+    recent_at_ = now;
+  }
+  return recent_stats_;
+}
+
+absl::Status NodeAgent::StartMetrics() {
+  auto& r = metrics::Global();
+  using Get = uint64_t (rpc::NodeStats::*)() const;
+  auto add = [&](const std::string& name, const std::string& help, const std::string& type,
+                 const metrics::Labels& labels, Get get) {
+    r.SetCallback(name, help, type, labels,
+                  [this, get] { return static_cast<double>((RecentStats().*get)()); });
+  };
+  add("ember_cache_capacity_bytes", "Configured cache capacity.", "gauge", {},
+      &rpc::NodeStats::capacity_bytes);
+  add("ember_cache_used_bytes", "Bytes of resident blocks.", "gauge", {},
+      &rpc::NodeStats::used_bytes);
+  add("ember_cache_resident_blocks", "Resident blocks.", "gauge", {},
+      &rpc::NodeStats::resident_blocks);
+  add("ember_cache_pinned_bytes", "Bytes of blocks pinned by prefetches.", "gauge", {},
+      &rpc::NodeStats::pinned_bytes);
+  add("ember_cache_evictions_total", "Blocks evicted to make room.", "counter", {},
+      &rpc::NodeStats::evictions);
+  add("ember_cache_not_admitted_total",
+      "Blocks served without caching (admission policy or a full disk).", "counter", {},
+      &rpc::NodeStats::not_admitted);
+  add("ember_read_hits_total", "Block reads served from the local cache.", "counter", {},
+      &rpc::NodeStats::hits);
+  add("ember_read_misses_total", "Block reads that needed a fill.", "counter", {},
+      &rpc::NodeStats::misses);
+  const char* kReadBytes = "Bytes read through the mount, by where they came from.";
+  add("ember_read_bytes_total", kReadBytes, "counter", {{"source", "cache"}},
+      &rpc::NodeStats::bytes_from_cache);
+  add("ember_read_bytes_total", kReadBytes, "counter", {{"source", "peer"}},
+      &rpc::NodeStats::bytes_from_peers);
+  add("ember_read_bytes_total", kReadBytes, "counter", {{"source", "origin"}},
+      &rpc::NodeStats::bytes_from_origin);
+  add("ember_origin_block_reads_total", "Blocks read from the origin.", "counter", {},
+      &rpc::NodeStats::origin_block_reads);
+  add("ember_checksum_failures_total", "Blocks dropped because their bytes were wrong.", "counter",
+      {}, &rpc::NodeStats::checksum_failures);
+  add("ember_peer_fetches_total", "Blocks filled from a peer.", "counter", {},
+      &rpc::NodeStats::peer_fetches);
+  if (options_.metrics_listen.empty()) return absl::OkStatus();
+  size_t colon = options_.metrics_listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(options_.metrics_listen.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen '", options_.metrics_listen, "' must be HOST:PORT"));
+  }
+  std::string host = options_.metrics_listen.substr(0, colon);
+  http_ = std::make_unique<httplib::Server>();
+  http_->Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics::Global().Render(), "text/plain; version=0.0.4");
+  });
+  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  int bound =
+      port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--metrics-listen ", options_.metrics_listen, ": cannot listen there"));
+  }
+  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  spdlog::info("node: metrics on http://{}:{}/metrics", host, bound);
+  return absl::OkStatus();
 }
 
 NodeAgent::~NodeAgent() {
   Stop();
   if (background_.joinable()) background_.join();
+  for (const char* prefix : {"ember_cache_", "ember_read_", "ember_origin_block_reads",
+                             "ember_checksum_failures", "ember_peer_fetches"}) {
+    metrics::Global().RemoveCallbacks(prefix);  // they point at this agent
+  }
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
   prefetch_.reset();  // its workers use the read path
   mount_.reset();     // unmount before the filesystem it serves goes away
 }

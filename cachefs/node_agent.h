@@ -27,6 +27,10 @@
 #include "meta/meta_client.h"
 #include "transport/block_transport.h"
 
+namespace httplib {
+class Server;
+}
+
 namespace ember::cachefs {
 
 class ManifestCache;
@@ -48,6 +52,7 @@ struct NodeOptions {
   std::string token;        // cluster token: sent to meta, and peers must prove it (--token-file)
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
+  std::string metrics_listen;  // HOST:PORT for HTTP /metrics (Prometheus) and /healthz; "" = off
 };
 
 class NodeAgent {
@@ -70,6 +75,9 @@ class NodeAgent {
   absl::Status Register();
   absl::Status FullReport();
   absl::Status SendChanges();
+  // Metrics read at scrape time, and the HTTP server for /metrics.
+  absl::Status StartMetrics();
+  rpc::NodeStats RecentStats();  // Stats(), at most 500 ms old
 
   NodeOptions options_;
   std::unique_ptr<meta::MetaClient> meta_;
@@ -85,6 +93,11 @@ class NodeAgent {
   std::unique_ptr<DatasetFs> fs_;
   std::unique_ptr<PrefetchRunner> prefetch_;
   std::unique_ptr<FuseMount> mount_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  std::mutex stats_mu_;
+  rpc::NodeStats recent_stats_;
+  std::chrono::steady_clock::time_point recent_at_{};
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 
 namespace ember::cachefs {
 namespace {
@@ -13,7 +14,12 @@ constexpr size_t kMaxLocated = 100'000;
 
 PeerFetcher::PeerFetcher(meta::MetaClient* meta, transport::BlockTransport* transport,
                          const Options& options)
-    : meta_(meta), transport_(transport), options_(options) {}
+    : meta_(meta), transport_(transport), options_(options) {
+  // Every kind exists from the start, so dashboards see 0 rather than nothing.
+  for (const char* kind : {"checksum", "not_found", "timeout", "auth", "connection", "protocol"}) {
+    ErrorCounter(kind);
+  }
+}
 
 absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
   rpc::LocateRequest req;
@@ -62,6 +68,12 @@ void PeerFetcher::Prefetch(const std::vector<BlockAddr>& addrs) {
     }
   }
   if (!missing.empty()) (void)Locate(missing);
+}
+
+metrics::Counter* PeerFetcher::ErrorCounter(const char* kind) {
+  return metrics::Global().GetCounter("ember_peer_errors_total",
+                                      "Failed peer fetches by kind (the reader moved on).",
+                                      {{"kind", kind}});
 }
 
 bool PeerFetcher::Suspect(const std::string& id) {
@@ -133,6 +145,13 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
       return l.checksum;
     }
     errors_++;
+    ErrorCounter(s.ok()                        ? "checksum"
+                 : absl::IsNotFound(s)         ? "not_found"
+                 : absl::IsDeadlineExceeded(s) ? "timeout"
+                 : absl::IsPermissionDenied(s) ? "auth"
+                 : absl::IsUnavailable(s)      ? "connection"
+                                               : "protocol")
+        ->Inc();
     if (s.ok()) {
       spdlog::error("peer: block {}/{}/{}/{} from {} ({}) failed its checksum; not used",
                     addr.dataset_id, addr.version, addr.file_id, addr.index, h.id, h.address);

@@ -22,6 +22,10 @@
 #include "meta/meta_client.h"
 #include "transport/block_transport.h"
 
+namespace ember::metrics {
+class Counter;
+}
+
 namespace ember::cachefs {
 
 class PeerFetcher {
@@ -57,6 +61,7 @@ class PeerFetcher {
   };
 
   absl::Status Locate(const std::vector<BlockAddr>& addrs);
+  static metrics::Counter* ErrorCounter(const char* kind);
   bool Suspect(const std::string& id);
   void MarkSuspect(const std::string& id);
 

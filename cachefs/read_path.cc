@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 
 namespace ember::cachefs {
 namespace {
@@ -181,9 +182,20 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
   bool cached = false;
   absl::Status st = absl::OkStatus();
   // A peer first: the origin is read once for the whole cluster.
+  static metrics::Histogram* const peer_fill = metrics::Global().GetHistogram(
+      "ember_fill_seconds", "Block fills that succeeded, by source (peer fetch or origin read).",
+      {{"source", "peer"}});
+  static metrics::Histogram* const origin_fill = metrics::Global().GetHistogram(
+      "ember_fill_seconds", "Block fills that succeeded, by source (peer fetch or origin read).",
+      {{"source", "origin"}});
+  auto fill_start = std::chrono::steady_clock::now();
+  auto fill_seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - fill_start).count();
+  };
   absl::StatusOr<uint64_t> from_peer = absl::NotFoundError("no peers");
   if (peers_ != nullptr) from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), data->data());
   if (from_peer.ok()) {
+    peer_fill->Observe(fill_seconds());
     bytes_peers_ += len;
     cached = cache_->Insert(addr, file.origin.size, offset, *data, *from_peer) ==
              BlockCache::InsertResult::kStored;
@@ -191,8 +203,11 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
     st = absl::NotFoundError("no peer holds the block yet");
   } else {
     if (before_origin != nullptr && *before_origin) (*before_origin)(len);  // rate limit
+    fill_start =
+        std::chrono::steady_clock::now();  // the origin's time, not the peers' or the limiter's
     st = origin_->Read(file.origin, offset, len, data->data());
     if (st.ok()) {
+      origin_fill->Observe(fill_seconds());
       origin_reads_++;
       bytes_origin_ += len;
       uint64_t sum = BlockChecksum(data->data(), len);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 #include "common/secret.h"
 #include "meta/meta.grpc.pb.h"
 
@@ -67,11 +68,22 @@ class MetaClient::Impl {
   template <typename Req, typename Resp, typename Fn>
   absl::StatusOr<Resp> Unary(const Req& req, Fn fn) {
     if (!init_error.ok()) return init_error;
+    // Per request type (the RPC's name, for every RPC but the few sharing one).
+    static metrics::Histogram* const latency = metrics::Global().GetHistogram(
+        "ember_meta_client_seconds", "Calls to meta from this process, by request type.",
+        {{"request", Req::descriptor()->name()}});
+    static metrics::Counter* const errors = metrics::Global().GetCounter(
+        "ember_meta_client_errors_total", "Calls to meta that failed, by request type.",
+        {{"request", Req::descriptor()->name()}});
+    metrics::Timer timer(latency);
     grpc::ClientContext ctx;
     Prepare(&ctx, timeout);
     Resp resp;
     grpc::Status s = (stub.get()->*fn)(&ctx, req, &resp);
-    if (!s.ok()) return Convert(s);
+    if (!s.ok()) {
+      errors->Inc();
+      return Convert(s);
+    }
     return resp;
   }
 

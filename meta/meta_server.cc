@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/metrics.h"
 #include "common/secret.h"
 #include "common/status.h"
 #include "meta/extender.h"
@@ -32,6 +33,12 @@ using FileKey = MetaStore::FileKey;
 
 constexpr uint32_t kMaxManifestPage = 10'000;
 constexpr int kMaxBatch = 100'000;  // blocks per checksum / locate / report call
+
+// Per-RPC latency (its count is the call rate) for /metrics, looked up once per handler.
+#define EMBER_RPC(name)                                                                       \
+  static metrics::Histogram* const rpc_histogram = metrics::Global().GetHistogram(            \
+      "ember_meta_rpc_seconds", "gRPC calls served by meta, by method.", {{"method", name}}); \
+  metrics::Timer rpc_timer(rpc_histogram)
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -183,18 +190,21 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status AddDataset(grpc::ServerContext* ctx, const rpc::AddDatasetRequest* req,
                           grpc::ServerWriter<rpc::DatasetProgress>* writer) override {
+    EMBER_RPC("AddDataset");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoAdd(*req, writer));
   }
 
   grpc::Status RefreshDataset(grpc::ServerContext* ctx, const rpc::RefreshDatasetRequest* req,
                               grpc::ServerWriter<rpc::DatasetProgress>* writer) override {
+    EMBER_RPC("RefreshDataset");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRefresh(req->name(), writer));
   }
 
   grpc::Status ListDatasets(grpc::ServerContext* ctx, const rpc::ListDatasetsRequest*,
                             rpc::ListDatasetsResponse* resp) override {
+    EMBER_RPC("ListDatasets");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto all = store_->ListDatasets();
     if (!all.ok()) return ToGrpc(all.status());
@@ -204,6 +214,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status GetDataset(grpc::ServerContext* ctx, const rpc::GetDatasetRequest* req,
                           rpc::Dataset* resp) override {
+    EMBER_RPC("GetDataset");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto ds = Resolve(*req);
     if (!ds.ok()) return ToGrpc(ds.status());
@@ -213,12 +224,14 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status RemoveDataset(grpc::ServerContext* ctx, const rpc::RemoveDatasetRequest* req,
                              rpc::RemoveDatasetResponse*) override {
+    EMBER_RPC("RemoveDataset");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRemove(*req));
   }
 
   grpc::Status ListManifest(grpc::ServerContext* ctx, const rpc::ListManifestRequest* req,
                             rpc::ListManifestResponse* resp) override {
+    EMBER_RPC("ListManifest");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoListManifest(*req, resp));
   }
@@ -227,12 +240,14 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status RecordChecksums(grpc::ServerContext* ctx, const rpc::RecordChecksumsRequest* req,
                                rpc::RecordChecksumsResponse* resp) override {
+    EMBER_RPC("RecordChecksums");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRecordChecksums(*req, resp));
   }
 
   grpc::Status GetChecksums(grpc::ServerContext* ctx, const rpc::GetChecksumsRequest* req,
                             rpc::GetChecksumsResponse* resp) override {
+    EMBER_RPC("GetChecksums");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
     for (const auto& b : req->blocks()) {
@@ -248,12 +263,14 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status RegisterNode(grpc::ServerContext* ctx, const rpc::RegisterNodeRequest* req,
                             rpc::RegisterNodeResponse* resp) override {
+    EMBER_RPC("RegisterNode");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoRegister(*req, resp));
   }
 
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const rpc::HeartbeatRequest* req,
                          rpc::HeartbeatResponse* resp) override {
+    EMBER_RPC("Heartbeat");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::unique_lock lock(state_mu_);
     auto it = nodes_.find(req->node_id());
@@ -274,12 +291,14 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status StartPrefetch(grpc::ServerContext* ctx, const rpc::PrefetchSpec* req,
                              rpc::PrefetchJob* resp) override {
+    EMBER_RPC("StartPrefetch");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoStartPrefetch(*req, resp));
   }
 
   grpc::Status GetPrefetch(grpc::ServerContext* ctx, const rpc::PrefetchId* req,
                            rpc::PrefetchJob* resp) override {
+    EMBER_RPC("GetPrefetch");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto alive = AliveNodes();
     std::lock_guard lock(prefetch_mu_);
@@ -294,6 +313,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status ListPrefetches(grpc::ServerContext* ctx, const rpc::ListPrefetchesRequest*,
                               rpc::ListPrefetchesResponse* resp) override {
+    EMBER_RPC("ListPrefetches");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto alive = AliveNodes();
     std::lock_guard lock(prefetch_mu_);
@@ -306,6 +326,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status CancelPrefetch(grpc::ServerContext* ctx, const rpc::PrefetchId* req,
                               rpc::PrefetchJob* resp) override {
+    EMBER_RPC("CancelPrefetch");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(prefetch_mu_);
     auto it = prefetches_.find(req->id());
@@ -324,6 +345,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status Unpin(grpc::ServerContext* ctx, const rpc::UnpinRequest* req,
                      rpc::UnpinResponse* resp) override {
+    EMBER_RPC("Unpin");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     if (req->dataset().empty() && req->prefetch_id().empty()) {
       return ToGrpc(absl::InvalidArgumentError("name a dataset or a prefetch id to unpin"));
@@ -353,6 +375,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status ReportPrefetch(grpc::ServerContext* ctx, const rpc::ReportPrefetchRequest* req,
                               rpc::ReportPrefetchResponse*) override {
+    EMBER_RPC("ReportPrefetch");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     auto alive = AliveNodes();
     std::lock_guard lock(prefetch_mu_);
@@ -369,6 +392,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status Locality(grpc::ServerContext* ctx, const rpc::LocalityRequest* req,
                         rpc::LocalityResponse* resp) override {
+    EMBER_RPC("Locality");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoLocality(*req, resp));
   }
@@ -377,11 +401,13 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const rpc::JobSpec* req,
                          rpc::Job* resp) override {
+    EMBER_RPC("SubmitJob");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoSubmit(*req, resp));
   }
 
   grpc::Status GetJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override {
+    EMBER_RPC("GetJob");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(jobs_mu_);
     auto* j = FindJob(req->id());
@@ -392,6 +418,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status ListJobs(grpc::ServerContext* ctx, const rpc::ListJobsRequest*,
                         rpc::ListJobsResponse* resp) override {
+    EMBER_RPC("ListJobs");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(jobs_mu_);
     for (const auto& [id, j] : jobs_) *resp->add_jobs() = j;
@@ -401,12 +428,14 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
                          rpc::Job* resp) override {
+    EMBER_RPC("CancelJob");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(EndJob(req->id(), rpc::Job::CANCELLED, resp));
   }
 
   grpc::Status CompleteJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
                            rpc::Job* resp) override {
+    EMBER_RPC("CompleteJob");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(EndJob(req->id(), rpc::Job::COMPLETED, resp));
   }
@@ -434,13 +463,74 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   }
 
   // Recovery, warm-up checks and the queue, every 200 ms until Stop().
+  // Meta's own figures for /metrics, read at scrape time.
+  void RegisterMetrics() {
+    auto& r = metrics::Global();
+    r.SetCollector("ember_meta_nodes", "Registered nodes by lease state.", "gauge", [this] {
+      std::lock_guard lock(state_mu_);
+      double alive = 0, dead = 0;
+      for (const auto& [id, e] : nodes_) (Alive(e) ? alive : dead) += 1;
+      return metrics::Registry::Samples{{{{"state", "alive"}}, alive}, {{{"state", "dead"}}, dead}};
+    });
+    r.SetCallback("ember_meta_datasets", "Datasets.", "gauge", {}, [this] {
+      auto all = store_->ListDatasets();
+      return all.ok() ? static_cast<double>(all->size()) : 0.0;
+    });
+    r.SetCallback("ember_scheduler_queue_length", "Jobs waiting for GPUs.", "gauge", {}, [this] {
+      std::lock_guard lock(jobs_mu_);
+      return static_cast<double>(queue_.jobs().size());
+    });
+    r.SetCollector("ember_scheduler_jobs", "Jobs by state.", "gauge", [this] {
+      std::lock_guard lock(jobs_mu_);
+      std::map<std::string, double> by;
+      for (const auto& [id, j] : jobs_) by[rpc::Job::State_Name(j.state())] += 1;
+      metrics::Registry::Samples out;
+      for (const auto& [state, n] : by) out.push_back({{{"state", state}}, n});
+      return out;
+    });
+    r.SetCollector("ember_prefetch_done_ratio", "Running prefetches: blocks done / blocks to do.",
+                   "gauge", [this] {
+                     std::lock_guard lock(prefetch_mu_);
+                     metrics::Registry::Samples out;
+                     for (const auto& [id, j] : prefetches_) {
+                       if (j.state() != rpc::PrefetchJob::RUNNING) continue;
+                       double done = 0, total = 0;
+                       for (const auto& n : j.nodes()) {
+                         done += static_cast<double>(n.blocks_done());
+                         total += static_cast<double>(n.blocks_total());
+                       }
+                       out.push_back({{{"job", id}, {"dataset", j.spec().dataset()}},
+                                      total > 0 ? done / total : 0.0});
+                     }
+                     return out;
+                   });
+  }
+
+  // Counts nodes whose lease ran out since the last pass (and logs each once).
+  void SweepLeases() {
+    static metrics::Counter* const expiries = metrics::Global().GetCounter(
+        "ember_meta_lease_expiries_total", "Nodes declared dead because their lease ran out.");
+    std::lock_guard lock(state_mu_);
+    for (const auto& [id, e] : nodes_) {
+      bool alive = Alive(e);
+      auto [it, fresh] = was_alive_.emplace(id, alive);
+      if (!fresh && it->second && !alive) {
+        expiries->Inc();
+        spdlog::warn("meta: node {} missed its lease; its blocks are hidden until it returns", id);
+      }
+      it->second = alive;
+    }
+  }
+
   void StartSchedulerLoop() {
+    RegisterMetrics();
     loop_ = std::thread([this] {
       std::unique_lock lock(loop_mu_);
       while (!loop_stop_) {
         loop_cv_.wait_for(lock, std::chrono::milliseconds(200));
         if (loop_stop_) break;
         lock.unlock();
+        SweepLeases();
         SchedulePass();
         lock.lock();
       }
@@ -448,6 +538,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   }
 
   void StopSchedulerLoop() {
+    for (const char* prefix : {"ember_meta_", "ember_scheduler_", "ember_prefetch_"}) {
+      metrics::Global().RemoveCallbacks(prefix);  // they point at this service
+    }
     {
       std::lock_guard lock(loop_mu_);
       loop_stop_ = true;
@@ -458,6 +551,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status ListNodes(grpc::ServerContext* ctx, const rpc::ListNodesRequest*,
                          rpc::ListNodesResponse* resp) override {
+    EMBER_RPC("ListNodes");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     std::lock_guard lock(state_mu_);
     for (auto& [id, entry] : nodes_) {
@@ -470,12 +564,14 @@ class MetaServiceImpl final : public rpc::Meta::Service {
 
   grpc::Status ReportBlocks(grpc::ServerContext* ctx, const rpc::ReportBlocksRequest* req,
                             rpc::ReportBlocksResponse*) override {
+    EMBER_RPC("ReportBlocks");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     return ToGrpc(DoReport(*req));
   }
 
   grpc::Status Locate(grpc::ServerContext* ctx, const rpc::LocateRequest* req,
                       rpc::LocateResponse* resp) override {
+    EMBER_RPC("Locate");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
     if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
     {
@@ -1403,7 +1499,13 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       return fr != nullptr && n.slot < fr->size() ? (*fr)[n.slot] : 0.0;
     };
     std::vector<SchedNode>& nodes = Snapshot();
-    auto placements = PlaceGang(req, nodes, locality, 2);
+    static metrics::Histogram* const placement = metrics::Global().GetHistogram(
+        "ember_scheduler_placement_seconds", "Time to place (or fail to place) one gang.");
+    std::vector<Placement> placements;
+    {
+      metrics::Timer timer(placement);
+      placements = PlaceGang(req, nodes, locality, 2);
+    }
     if (placements.empty()) return false;
     const Placement& best = placements[0];
     j->clear_workers();
@@ -1581,7 +1683,8 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const std::vector<uint64_t>>> sizes_;
   std::mutex datasets_mu_;  // serializes dataset add / refresh / remove
   std::mutex checksum_mu_;  // serializes checksum check-and-set
-  std::mutex state_mu_;     // guards nodes_, locations_, node_files_
+  std::mutex state_mu_;     // guards nodes_, locations_, node_files_, was_alive_
+  std::map<std::string, bool> was_alive_;
   std::map<std::string, NodeEntry> nodes_;
   std::map<FileKey, std::map<std::string, std::string>> locations_;
   std::map<std::string, std::set<FileKey>> node_files_;
@@ -1645,6 +1748,9 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
     });
     http.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("ok\n", "text/plain");
+    });
+    http.Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics::Global().Render(), "text/plain; version=0.0.4");
     });
     server->http_port_ =
         port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);

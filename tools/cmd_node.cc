@@ -36,6 +36,7 @@ struct NodeFlags {
   int readahead = 2;
   std::string transport = "auto";
   std::string peer_timeout = "3s";
+  std::string metrics_listen;
   MetaFlags meta;  // --token-file is also the token peers prove to each other
 };
 
@@ -54,6 +55,8 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
       ->capture_default_str();
   c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
       ->capture_default_str();
+  c->add_option("--metrics-listen", f->metrics_listen,
+                "HOST:PORT to serve Prometheus /metrics on (default: off)");
   c->add_option("--peer-timeout", f->peer_timeout,
                 "A peer silent this long is skipped (and avoided for 10 s)")
       ->capture_default_str();
@@ -84,6 +87,10 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   if (!peer_timeout.ok()) Fail(peer_timeout.status());
   if (peer_timeout->count() < 10) Fail("--peer-timeout must be at least 10ms");
   o.peer_timeout = *peer_timeout;
+  if (!f.metrics_listen.empty()) {
+    if (auto s = ValidateHostPort("--metrics-listen", f.metrics_listen); !s.ok()) Fail(s);
+  }
+  o.metrics_listen = f.metrics_listen;
   auto creds = ResolveCredentials(f.meta);
   o.token = creds.token;
   o.tls_ca_file = creds.tls_ca_file;

@@ -13,7 +13,7 @@ namespace ember::testing {
 MetaProcess::MetaProcess(const std::string& dir, const std::string& lease,
                          std::vector<std::string> extra_args,
                          const meta::MetaCredentials& credentials)
-    : dir_(dir), lease_(lease), extra_args_(std::move(extra_args)) {
+    : dir_(dir), lease_(lease), extra_args_(std::move(extra_args)), credentials_(credentials) {
   std::filesystem::create_directories(dir_);
   address_ = absl::StrCat("127.0.0.1:", FreePort());
   client_ = std::make_unique<meta::MetaClient>(address_, credentials, std::chrono::seconds(5));
@@ -29,14 +29,30 @@ MetaProcess::~MetaProcess() {
 }
 
 void MetaProcess::Start() {
-  std::vector<std::string> argv{EMBER_BINARY, "meta",         "--listen", address_,
-                                "--data-dir", dir_ + "/data", "--lease",  lease_};
-  argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
-  process_ = std::make_unique<Process>(argv, absl::StrCat(dir_, "/meta-", starts_++));
-  bool up =
-      WaitFor([&] { return PortOpen(address_) || !process_->Running(); }, std::chrono::seconds(20));
-  up = up && WaitFor([&] { return client_->ListDatasets().ok() || !process_->Running(); },
-                     std::chrono::seconds(20));
+  // Tests run in parallel: a port free a moment ago may be taken by another test's meta. Only
+  // this process's own "serving on" line counts as up (a port answering may be someone else's).
+  // A first start moves to another port; a restart keeps its address and tries again.
+  const bool first = starts_ == 0;
+  for (int attempt = 0; attempt < 4; attempt++) {
+    std::vector<std::string> argv{EMBER_BINARY, "meta",         "--listen", address_,
+                                  "--data-dir", dir_ + "/data", "--lease",  lease_};
+    argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+    process_ = std::make_unique<Process>(argv, absl::StrCat(dir_, "/meta-", starts_++));
+    auto log = [&] { return process_->Stdout() + process_->Stderr(); };
+    WaitFor(
+        [&] { return log().find("meta: serving on") != std::string::npos || !process_->Running(); },
+        std::chrono::seconds(20));
+    if (process_->Running() || log().find("cannot listen") == std::string::npos) break;
+    if (first) {
+      address_ = absl::StrCat("127.0.0.1:", FreePort());
+      client_ = std::make_unique<meta::MetaClient>(address_, credentials_, std::chrono::seconds(5));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+  bool up = process_->Running() &&
+            WaitFor([&] { return client_->ListDatasets().ok() || !process_->Running(); },
+                    std::chrono::seconds(20));
   ASSERT_TRUE(up && process_->Running()) << "meta did not start: " << process_->Stderr();
 }
 

@@ -31,6 +31,7 @@ class MetaProcess {
   void Start();
   std::string dir_, lease_, address_;
   std::vector<std::string> extra_args_;
+  meta::MetaCredentials credentials_;
   int starts_ = 0;
   std::unique_ptr<Process> process_;
   std::unique_ptr<meta::MetaClient> client_;
