@@ -5,9 +5,11 @@
 #include <spdlog/spdlog.h>
 
 #include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -23,6 +25,8 @@
 #include "meta/meta.grpc.pb.h"
 #include "meta/meta_client.h"
 #include "meta/scheduler.h"
+#include "meta/status_json.h"
+#include "meta/status_page.h"
 #include "meta/store.h"
 
 namespace ember::meta {
@@ -441,6 +445,99 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   }
 
   // The kube-scheduler extender's view of Ember.
+  // ---- status page (/api/status) ----
+
+  // Cluster totals every 5 s for the page's "last minutes" charts (10 minutes kept).
+  void SampleHistory() {
+    auto now = Clock::now();
+    if (now - last_sample_ < std::chrono::seconds(5)) return;
+    last_sample_ = now;
+    nlohmann::json t = {{"t_ms", NowUnixMs()},   {"hits", 0},
+                        {"misses", 0},           {"bytes_from_cache", 0},
+                        {"bytes_from_peers", 0}, {"bytes_from_origin", 0}};
+    {
+      std::lock_guard lock(state_mu_);
+      for (const auto& [id, e] : nodes_) {
+        const auto& st = e.node.stats();
+        t["hits"] = t["hits"].get<uint64_t>() + st.hits();
+        t["misses"] = t["misses"].get<uint64_t>() + st.misses();
+        t["bytes_from_cache"] = t["bytes_from_cache"].get<uint64_t>() + st.bytes_from_cache();
+        t["bytes_from_peers"] = t["bytes_from_peers"].get<uint64_t>() + st.bytes_from_peers();
+        t["bytes_from_origin"] = t["bytes_from_origin"].get<uint64_t>() + st.bytes_from_origin();
+      }
+    }
+    std::lock_guard lock(history_mu_);
+    history_.push_back(std::move(t));
+    while (history_.size() > 120) history_.pop_front();
+  }
+
+  std::string StatusJson() {
+    nlohmann::json nodes = nlohmann::json::array();
+    {
+      rpc::ListNodesResponse all;
+      (void)ListNodesLocked(&all);
+      for (const auto& n : all.nodes()) nodes.push_back(NodeJson(n));
+    }
+    nlohmann::json datasets = nlohmann::json::array();
+    if (auto all = store_->ListDatasets(); all.ok()) {
+      for (const auto& ds : *all) {
+        rpc::LocalityRequest req;
+        req.set_dataset(ds.name());
+        rpc::LocalityResponse loc;
+        if (!DoLocality(req, &loc).ok()) continue;
+        nlohmann::json fr = nlohmann::json::object();
+        for (const auto& n : loc.nodes()) fr[n.node_id()] = n.fraction();
+        datasets.push_back({{"name", ds.name()},
+                            {"version", loc.version()},
+                            {"bytes", loc.dataset_bytes()},
+                            {"fractions", fr},
+                            {"anywhere", loc.dataset_bytes() > 0
+                                             ? static_cast<double>(loc.resident_anywhere_bytes()) /
+                                                   static_cast<double>(loc.dataset_bytes())
+                                             : 0.0}});
+      }
+    }
+    nlohmann::json prefetches = nlohmann::json::array();
+    {
+      std::lock_guard lock(prefetch_mu_);
+      for (const auto& [id, j] : prefetches_) {
+        uint64_t done = 0, total = 0;
+        for (const auto& n : j.nodes()) {
+          done += n.blocks_done();
+          total += n.blocks_total();
+        }
+        prefetches.push_back({{"id", id},
+                              {"dataset", j.spec().dataset()},
+                              {"state", rpc::PrefetchJob::State_Name(j.state())},
+                              {"blocks_done", done},
+                              {"blocks_total", total},
+                              {"nodes", std::vector<std::string>(j.spec().nodes().begin(),
+                                                                 j.spec().nodes().end())}});
+      }
+    }
+    nlohmann::json jobs = nlohmann::json::array();
+    {
+      std::lock_guard lock(jobs_mu_);
+      for (const auto& [id, j] : jobs_) {
+        std::vector<std::string> workers;
+        for (const auto& w : j.workers())
+          workers.push_back(absl::StrCat(w.index(), "@", w.node_id()));
+        jobs.push_back({{"name", j.spec().name().empty() ? id : j.spec().name()},
+                        {"state", rpc::Job::State_Name(j.state())},
+                        {"dataset", j.spec().dataset()},
+                        {"workers", workers}});
+      }
+    }
+    nlohmann::json history = nlohmann::json::array();
+    {
+      std::lock_guard lock(history_mu_);
+      for (const auto& h : history_) history.push_back(h);
+    }
+    return nlohmann::json{{"meta", options_.listen},  {"nodes", nodes}, {"datasets", datasets},
+                          {"prefetches", prefetches}, {"jobs", jobs},   {"history", history}}
+        .dump();
+  }
+
   ExtenderContext Extender() {
     ExtenderContext c;
     c.fractions = [this](const std::string& name) -> std::optional<std::map<std::string, double>> {
@@ -466,6 +563,11 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   // Meta's own figures for /metrics, read at scrape time.
   void RegisterMetrics() {
     auto& r = metrics::Global();
+    // Families that only count events: declared now so they show (as 0) before the first one.
+    r.GetCounter("ember_meta_lease_expiries_total",
+                 "Nodes declared dead because their lease ran out.");
+    r.GetHistogram("ember_scheduler_placement_seconds",
+                   "Time to place (or fail to place) one gang.");
     r.SetCollector("ember_meta_nodes", "Registered nodes by lease state.", "gauge", [this] {
       std::lock_guard lock(state_mu_);
       double alive = 0, dead = 0;
@@ -531,6 +633,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
         if (loop_stop_) break;
         lock.unlock();
         SweepLeases();
+        SampleHistory();
         SchedulePass();
         lock.lock();
       }
@@ -553,6 +656,11 @@ class MetaServiceImpl final : public rpc::Meta::Service {
                          rpc::ListNodesResponse* resp) override {
     EMBER_RPC("ListNodes");
     if (auto denied = Authorize(ctx); !denied.ok()) return denied;
+    return ListNodesLocked(resp);
+  }
+
+  // Takes state_mu_.
+  grpc::Status ListNodesLocked(rpc::ListNodesResponse* resp) {
     std::lock_guard lock(state_mu_);
     for (auto& [id, entry] : nodes_) {
       rpc::Node* n = resp->add_nodes();
@@ -1685,6 +1793,9 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   std::mutex checksum_mu_;  // serializes checksum check-and-set
   std::mutex state_mu_;     // guards nodes_, locations_, node_files_, was_alive_
   std::map<std::string, bool> was_alive_;
+  std::mutex history_mu_;
+  std::deque<nlohmann::json> history_;  // GUARDED_BY(history_mu_)
+  Clock::time_point last_sample_{};     // scheduler loop only
   std::map<std::string, NodeEntry> nodes_;
   std::map<FileKey, std::map<std::string, std::string>> locations_;
   std::map<std::string, std::set<FileKey>> node_files_;
@@ -1748,6 +1859,12 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
     });
     http.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("ok\n", "text/plain");
+    });
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(StatusPageHtml(), "text/html; charset=utf-8");
+    });
+    http.Get("/api/status", [svc](const httplib::Request&, httplib::Response& res) {
+      res.set_content(svc->StatusJson(), "application/json");
     });
     http.Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics::Global().Render(), "text/plain; version=0.0.4");

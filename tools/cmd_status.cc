@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/units.h"
 #include "meta/meta_client.h"
+#include "meta/status_json.h"
 #include "tools/cli.h"
 
 namespace ember::tools {
@@ -22,35 +23,9 @@ void AddStatusCommand(CLI::App& app) {
     meta::MetaClient& client = *client_ptr;
     auto nodes = client.ListNodes();
     if (!nodes.ok()) Fail(nodes.status());
-    auto state = [](const rpc::Node& n) {
-      return n.state() == rpc::Node::ALIVE ? "alive" : n.state() == rpc::Node::DEAD ? "dead" : "?";
-    };
     if (*as_json) {
       nlohmann::json arr = nlohmann::json::array();
-      for (const auto& n : *nodes) {
-        const auto& s = n.stats();
-        nlohmann::json labels = nlohmann::json::object();
-        for (const auto& [k, v] : n.labels()) labels[k] = v;
-        arr.push_back({{"id", n.id()},
-                       {"address", n.address()},
-                       {"state", state(n)},
-                       {"labels", labels},
-                       {"gpus", n.gpus()},
-                       {"capacity_bytes", n.capacity_bytes()},
-                       {"used_bytes", s.used_bytes()},
-                       {"resident_blocks", s.resident_blocks()},
-                       {"hits", s.hits()},
-                       {"misses", s.misses()},
-                       {"bytes_from_cache", s.bytes_from_cache()},
-                       {"bytes_from_peers", s.bytes_from_peers()},
-                       {"bytes_from_origin", s.bytes_from_origin()},
-                       {"origin_block_reads", s.origin_block_reads()},
-                       {"peer_fetches", s.peer_fetches()},
-                       {"peer_errors", s.peer_errors()},
-                       {"checksum_failures", s.checksum_failures()},
-                       {"evictions", s.evictions()},
-                       {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}});
-      }
+      for (const auto& n : *nodes) arr.push_back(meta::NodeJson(n));
       std::cout << nlohmann::json{{"meta", client.address()}, {"nodes", arr}}.dump(2) << "\n";
       return;
     }
@@ -64,7 +39,7 @@ void AddStatusCommand(CLI::App& app) {
       for (const auto& [k, v] : n.labels()) labels.push_back(absl::StrCat(k, "=", v));
       std::sort(labels.begin(), labels.end());
       const auto& s = n.stats();
-      rows.push_back({n.id(), n.address(), state(n),
+      rows.push_back({n.id(), n.address(), meta::NodeStateName(n.state()),
                       labels.empty() ? "-" : absl::StrJoin(labels, ","), std::to_string(n.gpus()),
                       FormatBytes(n.capacity_bytes()), FormatBytes(s.used_bytes()),
                       std::to_string(s.resident_blocks()), std::to_string(s.hits()),

@@ -1,0 +1,40 @@
+// The JSON shape of a node's status, shared by `ember status --json` and meta's status page
+// (/api/status), so both always show the same fields with the same names.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "meta/meta.pb.h"
+
+namespace ember::meta {
+
+inline const char* NodeStateName(rpc::Node::State s) {
+  return s == rpc::Node::ALIVE ? "alive" : s == rpc::Node::DEAD ? "dead" : "?";
+}
+
+inline nlohmann::json NodeJson(const rpc::Node& n) {
+  const auto& s = n.stats();
+  nlohmann::json labels = nlohmann::json::object();
+  for (const auto& [k, v] : n.labels()) labels[k] = v;
+  return {{"id", n.id()},
+          {"address", n.address()},
+          {"state", NodeStateName(n.state())},
+          {"labels", labels},
+          {"gpus", n.gpus()},
+          {"capacity_bytes", n.capacity_bytes()},
+          {"used_bytes", s.used_bytes()},
+          {"resident_blocks", s.resident_blocks()},
+          {"hits", s.hits()},
+          {"misses", s.misses()},
+          {"bytes_from_cache", s.bytes_from_cache()},
+          {"bytes_from_peers", s.bytes_from_peers()},
+          {"bytes_from_origin", s.bytes_from_origin()},
+          {"origin_block_reads", s.origin_block_reads()},
+          {"peer_fetches", s.peer_fetches()},
+          {"peer_errors", s.peer_errors()},
+          {"checksum_failures", s.checksum_failures()},
+          {"evictions", s.evictions()},
+          {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}};
+}
+
+}  // namespace ember::meta

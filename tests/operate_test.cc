@@ -1,0 +1,332 @@
+// Operating Ember: /metrics checked by promtool and scraped by a real Prometheus, the Grafana
+// dashboard against the metrics really exported, the status page in headless Chromium against
+// `ember status --json`, systemd units through `systemd-analyze verify`, and the Kubernetes
+// manifests against the API schemas (npm kubernetes-models). Each tool is installed by
+// tools/install-deps.sh (npm packages by this test into the build dir); a test whose tool is
+// missing is skipped with a message saying which.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/testing.h"
+
+namespace ember {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::MetaProcess;
+using testing::NodeProcess;
+using testing::ReadFile;
+using testing::ReadUncached;
+using testing::RunEmber;
+using testing::TempDir;
+using testing::WaitFor;
+using testing::WriteFile;
+using testing::WriteRandomFile;
+
+bool Have(const std::string& tool) {
+  return std::system(("command -v " + tool + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// Runs a shell command; returns its exit code and puts stdout+stderr in *out.
+int Sh(const std::string& cmd, std::string* out) {
+  out->clear();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  int rc = pclose(p);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string HttpGet(const std::string& host_port, const std::string& path) {
+  size_t colon = host_port.rfind(':');
+  httplib::Client c(host_port.substr(0, colon), std::stoi(host_port.substr(colon + 1)));
+  c.set_connection_timeout(5);
+  c.set_read_timeout(10);
+  auto r = c.Get(path);
+  return r && r->status == 200 ? r->body : "";
+}
+
+// The value of one sample (`name{labels} value`) in Prometheus text, or -1.
+double Sample(const std::string& text, const std::string& series) {
+  size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+class OperateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    origin_ = dir_.Sub("origin");
+    fs::create_directories(origin_ + "/a");
+    for (int i = 0; i < 6; i++) {
+      WriteRandomFile(absl::StrCat(origin_, "/a/f", i, ".bin"), (3 << 20) + i * 100, 40 + i);
+    }
+    http_ = absl::StrCat("127.0.0.1:", testing::FreePort());
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "3s",
+                                          std::vector<std::string>{"--http", http_});
+    auto r = RunEmber({"dataset", "add", "ds", origin_, "--meta", meta_->address()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+
+  std::unique_ptr<NodeProcess> Node(const std::string& id, int host, std::string* metrics) {
+    NodeProcess::Options o;
+    o.id = id;
+    o.listen_host = absl::StrCat("127.0.0.", host);
+    o.cache_size = "256MiB";
+    *metrics = absl::StrCat("127.0.0.1:", testing::FreePort());
+    o.extra_args = {"--metrics-listen", *metrics, "--labels", "rack=r" + std::to_string(host)};
+    auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
+    EXPECT_TRUE(n->Start());
+    return n;
+  }
+
+  TempDir dir_;
+  std::string origin_, http_;
+  std::unique_ptr<MetaProcess> meta_;
+};
+
+TEST_F(OperateTest, MetricsAreRightAndPassPromtool) {
+  std::string maddr;
+  auto n = Node("n1", 2, &maddr);
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(ReadUncached(absl::StrCat(n->mount(), "/ds/a/f", i, ".bin")),
+              ReadFile(absl::StrCat(origin_, "/a/f", i, ".bin")));
+  }
+  n->SettledStats(meta_->client(), std::chrono::milliseconds(700));
+  std::string node = HttpGet(maddr, "/metrics"), meta = HttpGet(http_, "/metrics");
+  ASSERT_FALSE(node.empty());
+  ASSERT_FALSE(meta.empty());
+  uint64_t origin_bytes = 0;
+  for (int i = 0; i < 3; i++) origin_bytes += (3 << 20) + i * 100;
+  EXPECT_EQ(Sample(node, "ember_cache_capacity_bytes"), 256.0 * (1 << 20));
+  EXPECT_EQ(Sample(node, "ember_cache_used_bytes"), static_cast<double>(origin_bytes));
+  EXPECT_EQ(Sample(node, "ember_read_bytes_total{source=\"origin\"}"),
+            static_cast<double>(origin_bytes));
+  EXPECT_EQ(Sample(node, "ember_cache_resident_blocks"), 3);
+  EXPECT_EQ(Sample(node, "ember_fill_seconds_count{source=\"origin\"}"), 3);
+  EXPECT_GE(Sample(node, "ember_fuse_request_seconds_count{op=\"read\"}"), 3);
+  EXPECT_EQ(Sample(node, "ember_peer_errors_total{kind=\"timeout\"}"), 0);
+  EXPECT_GE(Sample(node, "ember_meta_client_seconds_count{request=\"HeartbeatRequest\"}"), 1);
+  EXPECT_EQ(Sample(meta, "ember_meta_nodes{state=\"alive\"}"), 1);
+  EXPECT_EQ(Sample(meta, "ember_meta_datasets"), 1);
+  EXPECT_EQ(Sample(meta, "ember_scheduler_queue_length"), 0);
+  EXPECT_GE(Sample(meta, "ember_meta_rpc_seconds_count{method=\"Heartbeat\"}"), 1);
+  // A lease expiry is counted: stop the node and wait past the 3 s lease.
+  ASSERT_TRUE(n->Stop());
+  EXPECT_TRUE(WaitFor(
+      [&] { return Sample(HttpGet(http_, "/metrics"), "ember_meta_lease_expiries_total") == 1; },
+      std::chrono::seconds(10)));
+
+  if (!Have("promtool")) GTEST_SKIP() << "promtool not installed (Debian package prometheus)";
+  for (const auto& [name, text] : {std::pair{"node", node}, std::pair{"meta", meta}}) {
+    WriteFile(dir_.Sub(std::string(name) + ".prom"), text);
+    std::string out;
+    int rc = Sh("promtool check metrics < " + dir_.Sub(std::string(name) + ".prom"), &out);
+    EXPECT_EQ(rc, 0) << name << ": " << out;
+    EXPECT_EQ(out, "") << name << " lint findings: " << out;
+  }
+}
+
+TEST_F(OperateTest, PrometheusScrapesANodeAndAnswersAQuery) {
+  if (!fs::exists("/usr/bin/prometheus"))
+    GTEST_SKIP() << "prometheus not installed (Debian package prometheus)";
+  std::string maddr;
+  auto n = Node("n1", 2, &maddr);
+  ASSERT_EQ(ReadUncached(n->mount() + "/ds/a/f0.bin"), ReadFile(origin_ + "/a/f0.bin"));
+  std::string prom = absl::StrCat("127.0.0.1:", testing::FreePort());
+  WriteFile(dir_.Sub("prometheus.yml"),
+            absl::StrCat("global:\n  scrape_interval: 1s\nscrape_configs:\n"
+                         "  - job_name: ember-node\n    static_configs:\n      - targets: ['",
+                         maddr,
+                         "']\n  - job_name: ember-meta\n    static_configs:\n"
+                         "      - targets: ['",
+                         http_, "']\n"));
+  testing::Process p({"/usr/bin/prometheus", "--config.file=" + dir_.Sub("prometheus.yml"),
+                      "--storage.tsdb.path=" + dir_.Sub("tsdb"), "--web.listen-address=" + prom},
+                     dir_.Sub("prometheus"));
+  double got = -1, alive = -1;
+  bool answered = WaitFor(
+      [&] {
+        auto parse = [&](const std::string& q) {
+          std::string body = HttpGet(prom, "/api/v1/query?query=" + q);
+          if (body.empty()) return -1.0;
+          auto j = nlohmann::json::parse(body, nullptr, false);
+          if (j.is_discarded() || j["data"]["result"].empty()) return -1.0;
+          return std::stod(j["data"]["result"][0]["value"][1].get<std::string>());
+        };
+        got = parse("ember_cache_capacity_bytes");
+        alive = parse("ember_meta_nodes%7Bstate%3D%22alive%22%7D");
+        return got > 0 && alive > 0;
+      },
+      std::chrono::seconds(40));
+  EXPECT_TRUE(answered) << p.Stderr().substr(0, 2000);
+  EXPECT_EQ(got, 256.0 * (1 << 20));
+  EXPECT_EQ(alive, 1);
+}
+
+TEST_F(OperateTest, GrafanaDashboardUsesOnlyExportedMetrics) {
+  std::string maddr;
+  auto n = Node("n1", 2, &maddr);
+  ASSERT_EQ(ReadUncached(n->mount() + "/ds/a/f0.bin"), ReadFile(origin_ + "/a/f0.bin"));
+  std::string exported = HttpGet(maddr, "/metrics") + HttpGet(http_, "/metrics");
+  // Every family declared (# TYPE), also those without samples yet, and histogram series.
+  std::set<std::string> names;
+  std::regex family("# TYPE (ember_[a-z_]+) ([a-z]+)");
+  for (auto it = std::sregex_iterator(exported.begin(), exported.end(), family);
+       it != std::sregex_iterator(); ++it) {
+    std::string name = (*it)[1];
+    names.insert(name);
+    if ((*it)[2] == "histogram") {
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) names.insert(name + suffix);
+    }
+  }
+  auto dash =
+      nlohmann::json::parse(ReadFile(EMBER_SOURCE_DIR "/deploy/grafana/ember-dashboard.json"));
+  int exprs = 0;
+  std::regex used("ember_[a-z_]+");
+  for (const auto& panel : dash["panels"]) {
+    for (const auto& t : panel["targets"]) {
+      std::string expr = t["expr"];
+      exprs++;
+      for (auto it = std::sregex_iterator(expr.begin(), expr.end(), used);
+           it != std::sregex_iterator(); ++it) {
+        EXPECT_TRUE(names.count(it->str()))
+            << panel["title"] << " uses " << it->str() << ", which nothing exports";
+      }
+    }
+  }
+  EXPECT_GE(exprs, 10);
+}
+
+TEST_F(OperateTest, StatusPageInHeadlessChromiumMatchesEmberStatus) {
+  std::string chromium = Have("chromium")           ? "chromium"
+                         : Have("chromium-browser") ? "chromium-browser"
+                                                    : "";
+  if (chromium.empty()) GTEST_SKIP() << "chromium not installed (Debian package chromium)";
+  std::string m1, m2, m3;
+  auto a = Node("a", 2, &m1);
+  auto b = Node("b", 3, &m2);
+  auto c = Node("c", 4, &m3);
+  // Different amounts on each node: a everything, b two files, c none.
+  for (int i = 0; i < 6; i++) ReadUncached(absl::StrCat(a->mount(), "/ds/a/f", i, ".bin"));
+  for (int i = 0; i < 2; i++) ReadUncached(absl::StrCat(b->mount(), "/ds/a/f", i, ".bin"));
+  for (auto* n : {a.get(), b.get(), c.get()})
+    n->SettledStats(meta_->client(), std::chrono::milliseconds(700));
+  std::string dom;
+  int rc = Sh(chromium +
+                  " --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 "
+                  "--dump-dom http://" +
+                  http_ + "/",
+              &dom);
+  ASSERT_EQ(rc, 0) << dom.substr(0, 2000);
+  ASSERT_NE(dom.find("data-loaded=\"1\""), std::string::npos) << "page did not render";
+  auto status = RunEmber({"status", "--json", "--meta", meta_->address()});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  auto j = nlohmann::json::parse(status.out);
+  ASSERT_EQ(j["nodes"].size(), 3u);
+  int compared = 0;
+  for (const auto& n : j["nodes"]) {
+    std::string id = n["id"];
+    size_t row = dom.find("<tr data-node=\"" + id + "\">");
+    ASSERT_NE(row, std::string::npos) << id;
+    std::string tr = dom.substr(row, dom.find("</tr>", row) - row);
+    for (const char* field : {"used_bytes", "resident_blocks", "bytes_from_cache",
+                              "bytes_from_peers", "bytes_from_origin", "peer_errors", "gpus"}) {
+      std::smatch m;
+      std::regex re(std::string("data-field=\"") + field + "\" data-value=\"([0-9]+)\"");
+      ASSERT_TRUE(std::regex_search(tr, m, re)) << id << " " << field;
+      EXPECT_EQ(std::stoull(m[1]), n[field].get<uint64_t>()) << id << " " << field;
+      compared++;
+    }
+    EXPECT_NE(tr.find("data-value=\"alive\""), std::string::npos) << id;
+  }
+  EXPECT_EQ(compared, 21);
+  // The heat map: a holds all of ds, c none, b a third.
+  auto heat = [&](const std::string& node) {
+    std::smatch m;
+    std::regex re("data-dataset=\"ds\" data-node=\"" + node + "\" data-value=\"([0-9.]+)\"");
+    return std::regex_search(dom, m, re) ? std::stod(m[1]) : -1.0;
+  };
+  EXPECT_DOUBLE_EQ(heat("a"), 1.0);
+  EXPECT_DOUBLE_EQ(heat("c"), 0.0);
+  EXPECT_NEAR(heat("b"), 2.0 / 6, 0.01);
+  std::string shot = fs::current_path().string() + "/status-page.png";
+  rc = Sh(chromium +
+              " --headless --no-sandbox --disable-gpu --hide-scrollbars "
+              "--virtual-time-budget=5000 --window-size=1300,900 --screenshot=" +
+              shot + " http://" + http_ + "/",
+          &dom);
+  EXPECT_EQ(rc, 0) << dom;
+  EXPECT_GT(fs::exists(shot) ? fs::file_size(shot) : 0, 10000u);
+  std::printf("status page screenshot: %s\n", shot.c_str());
+}
+
+TEST(DeployTest, SystemdUnitsVerify) {
+  if (!Have("systemd-analyze")) GTEST_SKIP() << "systemd-analyze not installed";
+  TempDir dir;
+  std::string units;
+  for (const char* unit : {"ember-meta.service", "ember-node.service"}) {
+    std::string text = ReadFile(std::string(EMBER_SOURCE_DIR "/deploy/systemd/") + unit);
+    ASSERT_FALSE(text.empty()) << unit;
+    // verify checks that ExecStart exists: point it at the binary built here.
+    for (size_t at; (at = text.find("/usr/local/bin/ember")) != std::string::npos;) {
+      text.replace(at, 20, EMBER_BINARY);
+    }
+    WriteFile(dir.Sub(unit), text);
+    units += " " + dir.Sub(unit);
+  }
+  std::string out;
+  int rc = Sh("systemd-analyze verify" + units, &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "") << "findings: " << out;
+}
+
+TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
+  if (!Have("node") || !Have("npm")) GTEST_SKIP() << "node/npm not installed";
+  // Installed once per build dir; offline afterwards.
+  std::string npm_dir = EMBER_BUILD_DIR "/npm-k8s";
+  std::string out;
+  if (!fs::exists(npm_dir + "/node_modules/kubernetes-models")) {
+    fs::create_directories(npm_dir);
+    int rc = Sh("cd " + npm_dir +
+                    " && npm install --no-audit --no-fund --silent "
+                    "kubernetes-models@4 yaml@2",
+                &out);
+    if (rc != 0) GTEST_SKIP() << "cannot install npm kubernetes-models: " << out;
+  }
+  fs::copy_file(EMBER_SOURCE_DIR "/tests/k8s/validate.mjs", npm_dir + "/validate.mjs",
+                fs::copy_options::overwrite_existing);
+  std::string files;
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(EMBER_SOURCE_DIR "/deploy/kubernetes")) {
+    if (e.path().extension() == ".yaml") {
+      files += " " + e.path().string();
+      n++;
+    }
+  }
+  ASSERT_GE(n, 6);
+  int rc = Sh("cd " + npm_dir + " && node validate.mjs" + files, &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("DaemonSet/ember-node"), std::string::npos) << out;
+  EXPECT_NE(out.find("StatefulSet/ember-meta"), std::string::npos) << out;
+  // The validator does reject a broken manifest.
+  TempDir dir;
+  std::string bad = ReadFile(EMBER_SOURCE_DIR "/deploy/kubernetes/meta.yaml");
+  bad.replace(bad.find("containerPort: 7370"), 19, "containerPort: \"x\"");
+  WriteFile(dir.Sub("bad.yaml"), bad);
+  EXPECT_NE(Sh("cd " + npm_dir + " && node validate.mjs " + dir.Sub("bad.yaml"), &out), 0) << out;
+}
+
+}  // namespace
+}  // namespace ember
