@@ -170,7 +170,13 @@ void AddNodeCommands(CLI::App& app) {
                   "Where meta and the cache live (default "
                   "~/.local/share/ember)");
     c->add_option("--listen", *listen, "HOST:PORT meta serves on")->capture_default_str();
+    auto http = std::make_shared<std::string>();
+    c->add_option("--http", *http,
+                  "HOST:PORT for the status page, /metrics and the scheduler extender");
     c->callback([=] {
+      if (!http->empty()) {
+        if (auto s = ValidateHostPort("--http", *http); !s.ok()) Fail(s);
+      }
       std::string dir = data_dir->empty() ? DefaultDataDir() : *data_dir;
       if (f->cache_dir.empty()) f->cache_dir = dir + "/cache";
       std::error_code ec;
@@ -193,6 +199,7 @@ void AddNodeCommands(CLI::App& app) {
       mo.data_dir = dir + "/meta";
       mo.lease = std::chrono::seconds(3);  // one machine: heartbeats every second
       mo.token = o.token;
+      mo.http_listen = *http;
       auto server = meta::MetaServer::Start(mo);
       if (!server.ok()) Fail(server.status());
       meta::MetaClient client(*listen, meta::MetaCredentials{o.token, ""});

@@ -19,7 +19,7 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "ember up --mount $WORK/mnt --dataset docs=/usr/share/doc --dataset include=/usr/include"
 "$EMBER" up --mount "$WORK/mnt" --data-dir "$WORK/state" --listen "$EMBER_META" \
-  --node-listen "127.0.0.1:$((PORT + 1))" --cache-size 1GiB \
+  --node-listen "127.0.0.1:$((PORT + 1))" --http "127.0.0.1:$((PORT + 2))" --cache-size 1GiB \
   --dataset docs=/usr/share/doc --dataset include=/usr/include > "$WORK/ember.log" 2>&1 &
 UP=$!
 for _ in $(seq 300); do
@@ -52,5 +52,9 @@ sleep 1.2
 step "bytes through the mount equal the originals"
 diff -r --no-dereference /usr/include "$WORK/mnt/include" && echo "include: identical"
 diff -r --no-dereference /usr/share/doc "$WORK/mnt/docs" && echo "docs: identical"
+
+step "status page http://127.0.0.1:$((PORT + 2))/ and Prometheus /metrics (a few lines)"
+curl -s "http://127.0.0.1:$((PORT + 2))/api/status" | head -c 300; echo " ..."
+curl -s "http://127.0.0.1:$((PORT + 2))/metrics" | grep -E '^ember_(cache_used_bytes|read_bytes_total|meta_nodes)' || true
 
 step "done: Ctrl-C on 'ember up' (here: SIGTERM) unmounts cleanly"

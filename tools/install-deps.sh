@@ -13,7 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libspdlog-dev
   procps psmisc bc openssl util-linux clang
-  prometheus chromium nodejs npm systemd
+  prometheus chromium systemd curl
 )
 
 missing=()
@@ -22,6 +22,10 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+# node and npm may come from elsewhere (e.g. NodeSource's nodejs bundles npm and conflicts with
+# Debian's npm): only ask Debian for them when the commands are missing.
+command -v node > /dev/null 2>&1 || missing+=(nodejs)
+command -v npm > /dev/null 2>&1 || missing+=(npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "install-deps: installing ${missing[*]}"
