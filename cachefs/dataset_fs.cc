@@ -48,6 +48,7 @@ FileRef MakeFileRef(const DatasetView& view, uint64_t file_id) {
   r.origin.path = view.PathOf(file_id);
   r.origin.size = node.size;
   r.origin.mtime_ns = node.mtime_ns;
+  r.origin.etag = node.etag;
   return r;
 }
 

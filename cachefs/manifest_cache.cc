@@ -106,6 +106,7 @@ std::string EncodeManifest(const DatasetView& v) {
     e.set_gid(n.gid);
     e.set_mtime_ns(n.mtime_ns);
     e.set_link_target(n.link_target);
+    e.set_etag(n.etag);
     PutMessage(&payload, e);
   }
   return Seal(kManifestMagic, std::move(payload));

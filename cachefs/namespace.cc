@@ -50,6 +50,7 @@ bool DatasetView::Append(const rpc::FileEntry& e) {
   n.gid = e.gid();
   n.mtime_ns = e.mtime_ns();
   n.link_target = e.link_target();
+  n.etag = e.etag();
   nodes.push_back(std::move(n));
   // Pre-order with sorted children: appending keeps each child list sorted.
   if (e.parent_id() != 0) nodes[e.parent_id() - 1].children.push_back(e.file_id());

@@ -32,6 +32,7 @@ struct FsNode {
   uint32_t uid = 0, gid = 0;
   int64_t mtime_ns = 0;
   std::string link_target;
+  std::string etag;                // remote origins: what a fill must find
   std::vector<uint64_t> children;  // dirs: child file ids, sorted by name
 };
 

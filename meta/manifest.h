@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "meta/meta.pb.h"
@@ -39,9 +40,24 @@ using ScanProgress = std::function<void(const ScanStats&)>;
 absl::StatusOr<ScanStats> ScanTree(const std::string& root, const EntrySink& sink,
                                    const ScanProgress& progress = {});
 
-// Accepts "/abs/dir" or "file:///abs/dir"; returns the absolute directory path without a trailing
-// slash. Returns: InvalidArgument (relative, other scheme), NotFound, FailedPrecondition (not a
-// directory).
+// An object of a remote origin (S3 key or HTTP file) relative to the dataset root.
+struct RemoteObject {
+  std::string path;  // "a/b/c.jpg"
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  std::string etag;
+};
+
+// The walk ScanTree makes, from a flat listing: directories from the key prefixes, sorted
+// pre-order, file ids in walk order. Returns FailedPrecondition if a name is both an object and
+// a folder.
+absl::StatusOr<ScanStats> ScanObjects(std::vector<RemoteObject> objects, const EntrySink& sink,
+                                      const ScanProgress& progress = {});
+
+// Accepts "/abs/dir" or "file:///abs/dir" (checked here), or a remote origin "s3://bucket/prefix",
+// "http(s)://host/path" (returned without a trailing slash, checked by listing it); returns the
+// absolute directory path without a trailing slash. Returns: InvalidArgument (relative, other
+// scheme), NotFound, FailedPrecondition (not a directory).
 absl::StatusOr<std::string> NormalizeOrigin(std::string_view origin);
 
 // Incremental XXH3 fingerprint of a manifest in walk order.

@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cachefs/origin.h"
 #include "common/ids.h"
 #include "common/metrics.h"
 #include "common/secret.h"
@@ -786,6 +787,32 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return absl::NotFoundError(absl::StrCat("unknown dataset id ", req.id()));
   }
 
+  // Lists an S3 or HTTP origin (progress every 1000 objects) and builds the manifest walk.
+  absl::StatusOr<ScanStats> ScanRemote(const std::string& origin, const EntrySink& sink,
+                                       const ScanProgress& progress,
+                                       grpc::ServerWriter<rpc::DatasetProgress>* writer) {
+    ASSIGN_OR_RETURN(auto remote, cachefs::OpenRemoteOrigin(origin));
+    std::vector<RemoteObject> objects;
+    uint64_t bytes = 0;
+    absl::Status listed = remote->List([&](const cachefs::OriginObject& o) {
+      objects.push_back({o.path, o.size, o.mtime_ns, o.etag});
+      bytes += o.size;
+      if (objects.size() % 1000 == 0) {
+        rpc::DatasetProgress p;
+        p.set_entries_scanned(objects.size());
+        p.set_bytes_scanned(bytes);
+        writer->Write(p);
+      }
+      return absl::OkStatus();
+    });
+    // The origin's server being down or silent is not meta being down: say which.
+    if (absl::IsUnavailable(listed) || absl::IsDeadlineExceeded(listed)) {
+      return absl::FailedPreconditionError(absl::StrCat("origin unreachable: ", listed.message()));
+    }
+    RETURN_IF_ERROR(listed);
+    return ScanObjects(std::move(objects), sink, progress);
+  }
+
   // Scans `origin` into (dataset_id, version), streaming progress. Returns the version info.
   absl::StatusOr<rpc::VersionInfo> ScanVersion(const std::string& origin, uint32_t dataset_id,
                                                uint32_t version,
@@ -798,7 +825,12 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       p.set_bytes_scanned(s.bytes);
       writer->Write(p);
     };
-    auto stats = ScanTree(origin, sink, progress);
+    absl::StatusOr<ScanStats> stats;
+    if (cachefs::IsRemoteOrigin(origin)) {
+      stats = ScanRemote(origin, sink, progress, writer);
+    } else {
+      stats = ScanTree(origin, sink, progress);
+    }
     absl::Status fin = stats.ok() ? mw.Finish() : stats.status();
     if (!fin.ok()) {
       (void)store_->DeleteVersionData(dataset_id, version);

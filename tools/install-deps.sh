@@ -13,7 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libspdlog-dev
   procps psmisc bc openssl util-linux clang
-  prometheus chromium systemd curl
+  prometheus chromium systemd curl libcurl4-openssl-dev nginx-light
 )
 
 missing=()
