@@ -852,7 +852,11 @@ class MetaServiceImpl final : public rpc::Meta::Service {
   absl::Status DoAdd(const rpc::AddDatasetRequest& req,
                      grpc::ServerWriter<rpc::DatasetProgress>* writer) {
     RETURN_IF_ERROR(ValidateDatasetName(req.name()));
-    uint64_t block_size = req.block_size() == 0 ? kDefaultBlockSize : req.block_size();
+    // Object stores: larger default blocks (fewer, larger ranged GETs; requests are what they
+    // charge and what costs their servers CPU). See docs/benchmarks.md, "Remote origins".
+    uint64_t block_size = req.block_size() != 0                   ? req.block_size()
+                          : cachefs::IsRemoteOrigin(req.origin()) ? 4 * kDefaultBlockSize
+                                                                  : kDefaultBlockSize;
     RETURN_IF_ERROR(ValidateBlockSize(block_size));
     ASSIGN_OR_RETURN(std::string origin, NormalizeOrigin(req.origin()));
     std::lock_guard lock(datasets_mu_);

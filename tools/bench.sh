@@ -195,3 +195,7 @@ say "scheduler"
 } | tee -a "$OUT/results.md"
 stop_all
 trap - EXIT
+
+# ---- remote origins: S3-compatible server on loopback (s3rver), see tools/bench_origins.sh ----
+say "remote origins"
+"$(dirname "$0")/bench_origins.sh" "$BUILD" | tee -a "$OUT/results.md" || echo "origins benchmark failed"
