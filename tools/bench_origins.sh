@@ -60,6 +60,41 @@ median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
 C=$(median "${curl_runs[@]}"); M=$(median "${ember_runs[@]}")
 echo "origins: cold 1 GiB object: ember $M MiB/s vs curl $C MiB/s (medians of 3; runs: ember ${ember_runs[*]}, curl ${curl_runs[*]}) = $(python3 -c "print(f'{$M/$C:.2f}')")x"
 
+# The same comparison against nginx (C, not CPU-bound here): an HTTP origin with a JSON index.
+if [ -x /usr/sbin/nginx ]; then
+  NGP=$(port)
+  mkdir -p "$WORK/www/web" "$WORK/ngtmp"
+  head -c 1G /dev/urandom > "$WORK/www/web/big.bin"
+  cat > "$WORK/nginx.conf" <<NG
+daemon off; master_process off; pid $WORK/nginx.pid; error_log $WORK/nginx.err;
+events {}
+http { access_log off; client_body_temp_path $WORK/ngtmp; proxy_temp_path $WORK/ngtmp;
+  fastcgi_temp_path $WORK/ngtmp; uwsgi_temp_path $WORK/ngtmp; scgi_temp_path $WORK/ngtmp;
+  server { listen 127.0.0.1:$NGP; root $WORK/www; location / { autoindex on; autoindex_format json; } } }
+NG
+  /usr/sbin/nginx -c "$WORK/nginx.conf" -p "$WORK" &
+  PIDS+=($!)
+  sleep 0.5
+  "$EMBER" dataset add web "http://127.0.0.1:$NGP/web/" --meta "$META" > /dev/null
+  curl_runs=(); ember_runs=()
+  for run in 1 2 3; do
+    s=$(date +%s.%N); curl -sf -o /dev/null "http://127.0.0.1:$NGP/web/big.bin"; e=$(date +%s.%N)
+    curl_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
+    rm -rf "$WORK/cache"
+    "$EMBER" node --meta "$META" --listen "127.0.0.1:$NODEP" --cache-dir "$WORK/cache" \
+      --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-2}" \
+      > "$WORK/node.log" 2>&1 &
+    NODE=$!
+    for _ in $(seq 100); do grep -q "serving datasets" "$WORK/node.log" && break; sleep 0.1; done
+    s=$(date +%s.%N); cat "$WORK/mnt/web/big.bin" > /dev/null; e=$(date +%s.%N)
+    ember_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
+    kill "$NODE"; wait "$NODE" 2>/dev/null || true
+  done
+  C=$(median "${curl_runs[@]}"); M=$(median "${ember_runs[@]}")
+  echo "origins: cold 1 GiB file over HTTP (nginx): ember $M MiB/s vs curl $C MiB/s (runs: ember ${ember_runs[*]}, curl ${curl_runs[*]}) = $(python3 -c "print(f'{$M/$C:.2f}')")x"
+  rm -f "$WORK/www/web/big.bin"
+fi
+
 echo "origins: writing 5,000 objects of 16 KiB"
 mkdir -p "$WORK/small"
 python3 - "$WORK/small" <<'PY'
