@@ -169,6 +169,11 @@ absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
   if (cache_->Resident(addr)) return Source::kResident;
   std::shared_ptr<Fill> fill = FillOnce(file, index, allow_origin, &before_origin);
   if (!fill->status.ok()) return fill->status;
+  {
+    // A prefetch counts (and pins) resident blocks: wait for the cache write, not just the bytes.
+    std::unique_lock lock(fill->mu);
+    fill->cv.wait(lock, [&] { return fill->settled; });
+  }
   return fill->from_peer ? Source::kPeer : Source::kOrigin;
 }
 
@@ -194,11 +199,11 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
   };
   absl::StatusOr<uint64_t> from_peer = absl::NotFoundError("no peers");
   if (peers_ != nullptr) from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), data->data());
+  uint64_t sum = 0;
   if (from_peer.ok()) {
     peer_fill->Observe(fill_seconds());
     bytes_peers_ += len;
-    cached = cache_->Insert(addr, file.origin.size, offset, *data, *from_peer) ==
-             BlockCache::InsertResult::kStored;
+    sum = *from_peer;
   } else if (!allow_origin) {
     st = absl::NotFoundError("no peer holds the block yet");
   } else {
@@ -210,12 +215,8 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
       origin_fill->Observe(fill_seconds());
       origin_reads_++;
       bytes_origin_ += len;
-      uint64_t sum = BlockChecksum(data->data(), len);
+      sum = BlockChecksum(data->data(), len);
       st = CheckAgainstMeta(addr, sum);
-      if (st.ok()) {
-        cached = cache_->Insert(addr, file.origin.size, offset, *data, sum) ==
-                 BlockCache::InsertResult::kStored;
-      }
     }
   }
   if (!st.ok() && allow_origin) {
@@ -225,16 +226,26 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
                       ? absl::StrCat("; run `ember dataset refresh ", file.dataset_name, "`")
                       : "");
   }
-  std::lock_guard lock(fill->mu);
-  fill->status = st;
-  fill->cached = cached;
-  fill->from_peer = from_peer.ok();
-  fill->peer_only = !allow_origin;
-  if (st.ok() && !cached) {
-    RecentPut(addr, data);
-    fill->data = std::move(data);
+  // Readers waiting on this fill get the bytes now, from memory; the cache write (a page-cache
+  // copy that costs as much as the fetch on some machines) happens after, while they go on.
+  // Readers arriving meanwhile join this (done) fill: it stays in flight until the write ends.
+  {
+    std::lock_guard lock(fill->mu);
+    fill->status = st;
+    fill->cached = false;
+    fill->from_peer = from_peer.ok();
+    fill->peer_only = !allow_origin;
+    if (st.ok()) fill->data = data;
+    fill->done = true;
+    fill->cv.notify_all();
   }
-  fill->done = true;
+  if (st.ok()) {
+    cached = cache_->Insert(addr, file.origin.size, offset, *data, sum) ==
+             BlockCache::InsertResult::kStored;
+    if (!cached) RecentPut(addr, data);
+  }
+  std::lock_guard lock(fill->mu);
+  fill->settled = true;
   fill->cv.notify_all();
 }
 

@@ -99,7 +99,8 @@ class ReadPath {
     bool cached = false;
     bool from_peer = false;
     bool peer_only = false;                   // a prefetch that may not read the origin
-    std::shared_ptr<const std::string> data;  // when not cached
+    std::shared_ptr<const std::string> data;  // the bytes, for readers waiting on the fill
+    bool settled = false;  // the cache write after `done` finished (stored or not)
   };
   struct BlockBytes {
     BlockCache::PinPtr pin;                   // resident, or
