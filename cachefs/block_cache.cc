@@ -416,6 +416,17 @@ void BlockCache::ForEachResidentFile(
   for (const auto& [ds, ver, file, bm] : files) fn(ds, ver, file, bm);
 }
 
+bool PreadFull(int fd, uint64_t offset, size_t len, char* buf) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = pread(fd, buf + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 BlockCache::VerifyReport BlockCache::VerifyAll(
     bool repair, const std::function<void(uint64_t, uint64_t)>& progress) {
   struct Item {
@@ -439,16 +450,9 @@ BlockCache::VerifyReport BlockCache::VerifyAll(
     bool good = false;
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-      size_t done = 0;
-      while (done < it.length) {
-        ssize_t n =
-            pread(fd, buf.data() + done, it.length - done, static_cast<off_t>(it.offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        done += static_cast<size_t>(n);
-      }
+      good = PreadFull(fd, it.offset, it.length, buf.data()) &&
+             BlockChecksum(buf.data(), buf.size()) == it.checksum;
       close(fd);
-      good = done == it.length && BlockChecksum(buf.data(), buf.size()) == it.checksum;
     }
     r.blocks++;
     r.bytes += it.length;

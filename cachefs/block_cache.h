@@ -35,6 +35,9 @@ class DB;
 
 namespace ember::cachefs {
 
+// Reads exactly len bytes at offset (retrying short reads and EINTR). False on error or EOF.
+bool PreadFull(int fd, uint64_t offset, size_t len, char* buf);
+
 class BlockCache {
  public:
   struct Options {

@@ -114,17 +114,10 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
 
 bool ReadPath::VerifyPinned(const BlockCache::Pin& pin) {
   std::string buf(pin.length, '\0');
-  size_t done = 0;
-  while (done < pin.length) {
-    ssize_t n =
-        pread(pin.fd, buf.data() + done, pin.length - done, static_cast<off_t>(pin.offset + done));
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      break;
-    }
-    done += static_cast<size_t>(n);
+  if (PreadFull(pin.fd, pin.offset, pin.length, buf.data()) &&
+      BlockChecksum(buf.data(), buf.size()) == pin.checksum) {
+    return true;
   }
-  if (done == pin.length && BlockChecksum(buf.data(), buf.size()) == pin.checksum) return true;
   // Concurrent readers of the same bad copy: the one that drops it counts and logs it.
   if (cache_->Drop(pin.addr, pin.generation)) {
     checksum_failures_++;

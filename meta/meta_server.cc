@@ -453,20 +453,21 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     auto now = Clock::now();
     if (now - last_sample_ < std::chrono::seconds(5)) return;
     last_sample_ = now;
-    nlohmann::json t = {{"t_ms", NowUnixMs()},   {"hits", 0},
-                        {"misses", 0},           {"bytes_from_cache", 0},
-                        {"bytes_from_peers", 0}, {"bytes_from_origin", 0}};
+    uint64_t hits = 0, misses = 0, cache = 0, peers = 0, origin = 0;
     {
       std::lock_guard lock(state_mu_);
       for (const auto& [id, e] : nodes_) {
         const auto& st = e.node.stats();
-        t["hits"] = t["hits"].get<uint64_t>() + st.hits();
-        t["misses"] = t["misses"].get<uint64_t>() + st.misses();
-        t["bytes_from_cache"] = t["bytes_from_cache"].get<uint64_t>() + st.bytes_from_cache();
-        t["bytes_from_peers"] = t["bytes_from_peers"].get<uint64_t>() + st.bytes_from_peers();
-        t["bytes_from_origin"] = t["bytes_from_origin"].get<uint64_t>() + st.bytes_from_origin();
+        hits += st.hits();
+        misses += st.misses();
+        cache += st.bytes_from_cache();
+        peers += st.bytes_from_peers();
+        origin += st.bytes_from_origin();
       }
     }
+    nlohmann::json t = {{"t_ms", NowUnixMs()},       {"hits", hits},
+                        {"misses", misses},          {"bytes_from_cache", cache},
+                        {"bytes_from_peers", peers}, {"bytes_from_origin", origin}};
     std::lock_guard lock(history_mu_);
     history_.push_back(std::move(t));
     while (history_.size() > 120) history_.pop_front();

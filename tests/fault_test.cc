@@ -24,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::MetaProcess;
 using testing::NodeProcess;
+using testing::PreadUncached;
 using testing::ReadFile;
 using testing::ReadUncached;
 using testing::RunEmber;
@@ -34,32 +35,6 @@ using testing::WriteRandomFile;
 
 constexpr uint64_t kMiB = 1 << 20;
 using Clock = std::chrono::steady_clock;
-
-// Reads `path` [offset, offset+len) through the kernel after dropping its cached pages, so the
-// daemon is asked. Returns the bytes, or "" with *err set.
-std::string PreadUncached(const std::string& path, uint64_t offset, size_t len, int* err) {
-  *err = 0;
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    *err = errno;
-    return "";
-  }
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  std::string out(len, '\0');
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = pread(fd, out.data() + done, len - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      *err = n < 0 ? errno : EIO;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  out.resize(done);
-  return out;
-}
 
 class FaultTest : public ::testing::Test {
  protected:

@@ -32,22 +32,6 @@ using testing::WaitFor;
 using testing::WriteFile;
 using testing::WriteRandomFile;
 
-bool Have(const std::string& tool) {
-  return std::system(("command -v " + tool + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// Runs a shell command; returns its exit code and puts stdout+stderr in *out.
-int Sh(const std::string& cmd, std::string* out) {
-  out->clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
-  int rc = pclose(p);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 std::string HttpGet(const std::string& host_port, const std::string& path) {
   size_t colon = host_port.rfind(':');
   httplib::Client c(host_port.substr(0, colon), std::stoi(host_port.substr(colon + 1)));
@@ -128,11 +112,13 @@ TEST_F(OperateTest, MetricsAreRightAndPassPromtool) {
       [&] { return Sample(HttpGet(http_, "/metrics"), "ember_meta_lease_expiries_total") == 1; },
       std::chrono::seconds(10)));
 
-  if (!Have("promtool")) GTEST_SKIP() << "promtool not installed (Debian package prometheus)";
+  if (!testing::HaveCommand("promtool"))
+    GTEST_SKIP() << "promtool not installed (Debian package prometheus)";
   for (const auto& [name, text] : {std::pair{"node", node}, std::pair{"meta", meta}}) {
     WriteFile(dir_.Sub(std::string(name) + ".prom"), text);
     std::string out;
-    int rc = Sh("promtool check metrics < " + dir_.Sub(std::string(name) + ".prom"), &out);
+    int rc = testing::RunShell("promtool check metrics < " + dir_.Sub(std::string(name) + ".prom"),
+                               &out);
     EXPECT_EQ(rc, 0) << name << ": " << out;
     EXPECT_EQ(out, "") << name << " lint findings: " << out;
   }
@@ -210,9 +196,9 @@ TEST_F(OperateTest, GrafanaDashboardUsesOnlyExportedMetrics) {
 }
 
 TEST_F(OperateTest, StatusPageInHeadlessChromiumMatchesEmberStatus) {
-  std::string chromium = Have("chromium")           ? "chromium"
-                         : Have("chromium-browser") ? "chromium-browser"
-                                                    : "";
+  std::string chromium = testing::HaveCommand("chromium")           ? "chromium"
+                         : testing::HaveCommand("chromium-browser") ? "chromium-browser"
+                                                                    : "";
   if (chromium.empty()) GTEST_SKIP() << "chromium not installed (Debian package chromium)";
   std::string m1, m2, m3;
   auto a = Node("a", 2, &m1);
@@ -224,11 +210,12 @@ TEST_F(OperateTest, StatusPageInHeadlessChromiumMatchesEmberStatus) {
   for (auto* n : {a.get(), b.get(), c.get()})
     n->SettledStats(meta_->client(), std::chrono::milliseconds(700));
   std::string dom;
-  int rc = Sh(chromium +
-                  " --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 "
-                  "--dump-dom http://" +
-                  http_ + "/",
-              &dom);
+  int rc =
+      testing::RunShell(chromium +
+                            " --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 "
+                            "--dump-dom http://" +
+                            http_ + "/",
+                        &dom);
   ASSERT_EQ(rc, 0) << dom.substr(0, 2000);
   ASSERT_NE(dom.find("data-loaded=\"1\""), std::string::npos) << "page did not render";
   auto status = RunEmber({"status", "--json", "--meta", meta_->address()});
@@ -262,18 +249,18 @@ TEST_F(OperateTest, StatusPageInHeadlessChromiumMatchesEmberStatus) {
   EXPECT_DOUBLE_EQ(heat("c"), 0.0);
   EXPECT_NEAR(heat("b"), 2.0 / 6, 0.01);
   std::string shot = fs::current_path().string() + "/status-page.png";
-  rc = Sh(chromium +
-              " --headless --no-sandbox --disable-gpu --hide-scrollbars "
-              "--virtual-time-budget=5000 --window-size=1300,900 --screenshot=" +
-              shot + " http://" + http_ + "/",
-          &dom);
+  rc = testing::RunShell(chromium +
+                             " --headless --no-sandbox --disable-gpu --hide-scrollbars "
+                             "--virtual-time-budget=5000 --window-size=1300,900 --screenshot=" +
+                             shot + " http://" + http_ + "/",
+                         &dom);
   EXPECT_EQ(rc, 0) << dom;
   EXPECT_GT(fs::exists(shot) ? fs::file_size(shot) : 0, 10000u);
   std::printf("status page screenshot: %s\n", shot.c_str());
 }
 
 TEST(DeployTest, SystemdUnitsVerify) {
-  if (!Have("systemd-analyze")) GTEST_SKIP() << "systemd-analyze not installed";
+  if (!testing::HaveCommand("systemd-analyze")) GTEST_SKIP() << "systemd-analyze not installed";
   TempDir dir;
   std::string units;
   for (const char* unit : {"ember-meta.service", "ember-node.service"}) {
@@ -287,22 +274,23 @@ TEST(DeployTest, SystemdUnitsVerify) {
     units += " " + dir.Sub(unit);
   }
   std::string out;
-  int rc = Sh("systemd-analyze verify" + units, &out);
+  int rc = testing::RunShell("systemd-analyze verify" + units, &out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out, "") << "findings: " << out;
 }
 
 TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
-  if (!Have("node") || !Have("npm")) GTEST_SKIP() << "node/npm not installed";
+  if (!testing::HaveCommand("node") || !testing::HaveCommand("npm"))
+    GTEST_SKIP() << "node/npm not installed";
   // Installed once per build dir; offline afterwards.
   std::string npm_dir = EMBER_BUILD_DIR "/npm-k8s";
   std::string out;
   if (!fs::exists(npm_dir + "/node_modules/kubernetes-models")) {
     fs::create_directories(npm_dir);
-    int rc = Sh("cd " + npm_dir +
-                    " && npm install --no-audit --no-fund --silent "
-                    "kubernetes-models@4 yaml@2",
-                &out);
+    int rc = testing::RunShell("cd " + npm_dir +
+                                   " && npm install --no-audit --no-fund --silent "
+                                   "kubernetes-models@4 yaml@2",
+                               &out);
     if (rc != 0) GTEST_SKIP() << "cannot install npm kubernetes-models: " << out;
   }
   fs::copy_file(EMBER_SOURCE_DIR "/tests/k8s/validate.mjs", npm_dir + "/validate.mjs",
@@ -316,7 +304,7 @@ TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
     }
   }
   ASSERT_GE(n, 6);
-  int rc = Sh("cd " + npm_dir + " && node validate.mjs" + files, &out);
+  int rc = testing::RunShell("cd " + npm_dir + " && node validate.mjs" + files, &out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("DaemonSet/ember-node"), std::string::npos) << out;
   EXPECT_NE(out.find("StatefulSet/ember-meta"), std::string::npos) << out;
@@ -325,7 +313,9 @@ TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
   std::string bad = ReadFile(EMBER_SOURCE_DIR "/deploy/kubernetes/meta.yaml");
   bad.replace(bad.find("containerPort: 7370"), 19, "containerPort: \"x\"");
   WriteFile(dir.Sub("bad.yaml"), bad);
-  EXPECT_NE(Sh("cd " + npm_dir + " && node validate.mjs " + dir.Sub("bad.yaml"), &out), 0) << out;
+  EXPECT_NE(
+      testing::RunShell("cd " + npm_dir + " && node validate.mjs " + dir.Sub("bad.yaml"), &out), 0)
+      << out;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cachefs/http_client.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
 
@@ -31,38 +32,10 @@ using testing::WaitFor;
 using testing::WriteFile;
 using testing::WriteRandomFile;
 
-int Sh(const std::string& cmd, std::string* out = nullptr) {
-  std::string sink;
-  if (out == nullptr) out = &sink;
-  out->clear();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
-  int rc = pclose(p);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 std::string Q(const std::string& s) {  // shell single quotes
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
-}
-
-std::string UrlPath(const std::string& key) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : key) {
-    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  return out;
 }
 
 class S3Test : public ::testing::Test {
@@ -72,7 +45,8 @@ class S3Test : public ::testing::Test {
     std::string out;
     if (!fs::exists(npm_ + "/node_modules/.bin/s3rver")) {
       fs::create_directories(npm_);
-      if (Sh("cd " + npm_ + " && npm install --no-audit --no-fund --silent s3rver@3", &out) != 0) {
+      if (testing::RunShell("cd " + npm_ + " && npm install --no-audit --no-fund --silent s3rver@3",
+                            &out) != 0) {
         GTEST_SKIP() << "cannot install npm s3rver: " << out;
       }
     }
@@ -94,9 +68,11 @@ class S3Test : public ::testing::Test {
     // Up once the bucket answers a listing.
     ASSERT_TRUE(WaitFor(
         [&] {
-          return Sh("curl -sf -o /dev/null -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' --aws-sigv4 "
-                    "aws:amz:us-east-1:s3 --user S3RVER:S3RVER 'http://" +
-                    endpoint_ + "/bkt?list-type=2'") == 0;
+          return testing::RunShell(
+                     "curl -sf -o /dev/null -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' "
+                     "--aws-sigv4 "
+                     "aws:amz:us-east-1:s3 --user S3RVER:S3RVER 'http://" +
+                     endpoint_ + "/bkt?list-type=2'") == 0;
         },
         std::chrono::seconds(20)));
   }
@@ -106,7 +82,8 @@ class S3Test : public ::testing::Test {
            const std::string& prefix) {
     std::string list = dir_.Sub("put-list");
     std::string lines;
-    for (const auto& r : rels) lines += local + "/" + r + "\t" + UrlPath(prefix + r) + "\n";
+    for (const auto& r : rels)
+      lines += local + "/" + r + "\t" + cachefs::UrlEncode(prefix + r, true) + "\n";
     WriteFile(list, lines);
     std::string cmd = absl::StrCat(
         "while IFS=$'\\t' read -r f k; do printf '%s\\0%s\\0' \"$f\" \"$k\"; done < ", list,
@@ -115,7 +92,7 @@ class S3Test : public ::testing::Test {
         "\"http://",
         endpoint_, "/bkt/$1\"'");
     std::string out;
-    ASSERT_EQ(Sh("bash -c " + Q(cmd), &out), 0) << out;
+    ASSERT_EQ(testing::RunShell("bash -c " + Q(cmd), &out), 0) << out;
   }
 
   // The objects of the main fixture: unusual keys, >1000 keys, an empty and a 3-block object.
@@ -187,10 +164,11 @@ TEST_F(S3Test, WrongCredentialsMissingChangedAndStalledFailClearly) {
   ASSERT_TRUE(node.Start());
   // A deleted object: EIO, and the log names the key.
   std::string out;
-  ASSERT_EQ(Sh("curl -sf -X DELETE -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' --aws-sigv4 "
-               "aws:amz:us-east-1:s3 --user S3RVER:S3RVER http://" +
-                   endpoint_ + "/bkt/p/a.bin",
-               &out),
+  ASSERT_EQ(testing::RunShell(
+                "curl -sf -X DELETE -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' --aws-sigv4 "
+                "aws:amz:us-east-1:s3 --user S3RVER:S3RVER http://" +
+                    endpoint_ + "/bkt/p/a.bin",
+                &out),
             0)
       << out;
   EXPECT_NE(ReadUncached(node.mount() + "/s3ds/a.bin").find("failed"), std::string::npos);

@@ -255,7 +255,7 @@ TEST_F(SecurityTest, HostileRequestsGetClearErrorsAndWriteNothing) {
   EXPECT_EQ(l->holders(0).node_ids_size(), 0);
 
   // Paths: `..`, absolute, and unknown paths inside a dataset; unknown ids everywhere.
-  for (const std::string& path : {"../etc/passwd", "/etc/passwd", "sub/../../x", "nope"}) {
+  for (const std::string path : {"../etc/passwd", "/etc/passwd", "sub/../../x", "nope"}) {
     rpc::PrefetchSpec spec;
     spec.set_dataset("ds");
     spec.add_paths(path);
@@ -277,7 +277,7 @@ TEST_F(SecurityTest, HostileRequestsGetClearErrorsAndWriteNothing) {
   page = c.ListManifestPage("ds", 0, ~0ull, 10);  // past the end: empty, not an error
   ASSERT_TRUE(page.ok());
   EXPECT_EQ(page->entries_size(), 0);
-  for (const std::string& origin : {"relative/dir", "/no/such/dir", "s3x://weird", ""}) {
+  for (const std::string origin : {"relative/dir", "/no/such/dir", "s3x://weird", ""}) {
     EXPECT_FALSE(c.AddDataset("bad", origin, 0).ok()) << origin;
   }
   for (const std::string& name :

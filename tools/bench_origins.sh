@@ -41,24 +41,29 @@ sleep 0.5
 "$EMBER" dataset add big s3://bkt/big --meta "$META" ${BLOCK:+--block-size $BLOCK} > /dev/null
 
 mbps() { python3 -c "print(f'{1024/$1:.0f}')"; }
-curl_runs=(); ember_runs=()
-for run in 1 2 3; do
-  s=$(date +%s.%N); $S3 -o /dev/null "http://127.0.0.1:$S3P/bkt/big/big.bin"; e=$(date +%s.%N)
-  curl_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
-  rm -rf "$WORK/cache"
-  "$EMBER" node --meta "$META" --listen "127.0.0.1:$NODEP" --cache-dir "$WORK/cache" \
-    --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-2}" \
-    > "$WORK/node.log" 2>&1 &
-  NODE=$!
-  for _ in $(seq 100); do grep -q "serving datasets" "$WORK/node.log" && break; sleep 0.1; done
-  s=$(date +%s.%N); cat "$WORK/mnt/big/big.bin" > /dev/null; e=$(date +%s.%N)
-  ember_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
-  kill "$NODE"; wait "$NODE" 2>/dev/null || true
-  echo "origins: run $run: curl ${curl_runs[-1]} MiB/s, ember cold ${ember_runs[-1]} MiB/s"
-done
 median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
-C=$(median "${curl_runs[@]}"); M=$(median "${ember_runs[@]}")
-echo "origins: cold 1 GiB object: ember $M MiB/s vs curl $C MiB/s (medians of 3; runs: ember ${ember_runs[*]}, curl ${curl_runs[*]}) = $(python3 -c "print(f'{$M/$C:.2f}')")x"
+# compare LABEL "CURL COMMAND" MOUNT_PATH: 3 interleaved runs of curl and of a cold `cat` through
+# a fresh node agent (empty cache), medians and the ratio.
+compare() {
+  local label=$1 fetch=$2 file=$3 curl_runs=() ember_runs=() s e node
+  for run in 1 2 3; do
+    s=$(date +%s.%N); $fetch -o /dev/null; e=$(date +%s.%N)
+    curl_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
+    rm -rf "$WORK/cache"
+    "$EMBER" node --meta "$META" --listen "127.0.0.1:$NODEP" --cache-dir "$WORK/cache" \
+      --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-2}" \
+      > "$WORK/node.log" 2>&1 &
+    node=$!
+    for _ in $(seq 100); do grep -q "serving datasets" "$WORK/node.log" && break; sleep 0.1; done
+    s=$(date +%s.%N); cat "$WORK/mnt/$file" > /dev/null; e=$(date +%s.%N)
+    ember_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
+    kill "$node"; wait "$node" 2>/dev/null || true
+  done
+  local c m
+  c=$(median "${curl_runs[@]}"); m=$(median "${ember_runs[@]}")
+  echo "origins: $label: ember $m MiB/s vs curl $c MiB/s (medians of 3; runs: ember ${ember_runs[*]}, curl ${curl_runs[*]}) = $(python3 -c "print(f'{$m/$c:.2f}')")x"
+}
+compare "cold 1 GiB object from S3" "$S3 http://127.0.0.1:$S3P/bkt/big/big.bin" big/big.bin
 
 # The same comparison against nginx (C, not CPU-bound here): an HTTP origin with a JSON index.
 if [ -x /usr/sbin/nginx ]; then
@@ -76,22 +81,8 @@ NG
   PIDS+=($!)
   sleep 0.5
   "$EMBER" dataset add web "http://127.0.0.1:$NGP/web/" --meta "$META" > /dev/null
-  curl_runs=(); ember_runs=()
-  for run in 1 2 3; do
-    s=$(date +%s.%N); curl -sf -o /dev/null "http://127.0.0.1:$NGP/web/big.bin"; e=$(date +%s.%N)
-    curl_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
-    rm -rf "$WORK/cache"
-    "$EMBER" node --meta "$META" --listen "127.0.0.1:$NODEP" --cache-dir "$WORK/cache" \
-      --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-2}" \
-      > "$WORK/node.log" 2>&1 &
-    NODE=$!
-    for _ in $(seq 100); do grep -q "serving datasets" "$WORK/node.log" && break; sleep 0.1; done
-    s=$(date +%s.%N); cat "$WORK/mnt/web/big.bin" > /dev/null; e=$(date +%s.%N)
-    ember_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
-    kill "$NODE"; wait "$NODE" 2>/dev/null || true
-  done
-  C=$(median "${curl_runs[@]}"); M=$(median "${ember_runs[@]}")
-  echo "origins: cold 1 GiB file over HTTP (nginx): ember $M MiB/s vs curl $C MiB/s (runs: ember ${ember_runs[*]}, curl ${curl_runs[*]}) = $(python3 -c "print(f'{$M/$C:.2f}')")x"
+  compare "cold 1 GiB file over HTTP (nginx)" "curl -sf http://127.0.0.1:$NGP/web/big.bin" \
+    web/big.bin
   rm -f "$WORK/www/web/big.bin"
 fi
 

@@ -25,9 +25,6 @@ void OnFatalSignal(int sig) {
 
 int main(int argc, char** argv) {
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, OnFatalSignal);
-  // A peer that hangs up mid-transfer must cost one connection, not the process: sendfile()
-  // has no MSG_NOSIGNAL (found by the chaos test: a thawed node died of SIGPIPE).
-  signal(SIGPIPE, SIG_IGN);
   CLI::App app{"Ember: a distributed data cache for training clusters"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ember 0.1.0");

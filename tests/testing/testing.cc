@@ -190,6 +190,47 @@ std::string ReadUncached(const std::string& path) {
   return out;
 }
 
+std::string PreadUncached(const std::string& path, uint64_t offset, size_t len, int* err) {
+  *err = 0;
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    *err = errno;
+    return "";
+  }
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  std::string out(len, '\0');
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = pread(fd, out.data() + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  out.resize(done);
+  return out;
+}
+
+int RunShell(const std::string& cmd, std::string* out) {
+  std::string sink;
+  if (out == nullptr) out = &sink;
+  out->clear();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  int rc = pclose(p);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+bool HaveCommand(const std::string& tool) {
+  return RunShell("command -v " + tool + " >/dev/null") == 0;
+}
+
 size_t PeakRss(pid_t pid) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
   std::string line;

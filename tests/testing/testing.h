@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -77,6 +78,14 @@ void WriteFile(const std::string& path, const std::string& data);
 // Reads a file through the kernel after dropping its page cache (so a FUSE daemon is asked);
 // "<open failed: ...>" / "<read failed: ...>" on errors.
 std::string ReadUncached(const std::string& path);
+// Reads [offset, offset+len) of path the same way. Returns the bytes; *err is 0, or the errno of
+// the open/read that failed (EIO for a short read).
+std::string PreadUncached(const std::string& path, uint64_t offset, size_t len, int* err);
+
+// Runs a shell command; returns its exit code (-1 if it did not exit) and its stdout+stderr.
+int RunShell(const std::string& cmd, std::string* out = nullptr);
+// True if `tool` is on the PATH.
+bool HaveCommand(const std::string& tool);
 
 // Peak resident set size (VmHWM) of a process in bytes, 0 if unknown.
 size_t PeakRss(pid_t pid);
