@@ -103,6 +103,7 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
     }
     filled = true;
     std::shared_ptr<Fill> fill = FillOnce(file, index, true, nullptr);
+    if (fill->already) filled = false;  // someone else's fill ended just before: a hit
     if (!fill->status.ok() && fill->peer_only) continue;  // joined a prefetch's peer-only try
     if (!fill->status.ok()) return fill->status;
     if (!fill->cached) return BlockBytes{nullptr, fill->data, true};
@@ -144,8 +145,15 @@ std::shared_ptr<ReadPath::Fill> ReadPath::FillOnce(
       leader = true;
     }
   }
-  if (leader) {
+  if (leader && (cache_->Resident(addr) || RecentGet(addr))) {
+    // A fill that ended between the caller's look at the cache and here: nothing to fetch.
+    std::lock_guard lock(fill->mu);
+    fill->already = fill->cached = fill->done = fill->settled = true;
+    fill->cv.notify_all();
+  } else if (leader) {
     FillBlock(file, index, fill.get(), allow_origin, before_origin);
+  }
+  if (leader) {
     std::lock_guard lock(inflight_mu_);
     inflight_.erase(addr);
   } else {
@@ -162,6 +170,7 @@ absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
   if (cache_->Resident(addr)) return Source::kResident;
   std::shared_ptr<Fill> fill = FillOnce(file, index, allow_origin, &before_origin);
   if (!fill->status.ok()) return fill->status;
+  if (fill->already) return Source::kResident;
   {
     // A prefetch counts (and pins) resident blocks: wait for the cache write, not just the bytes.
     std::unique_lock lock(fill->mu);

@@ -101,6 +101,7 @@ class ReadPath {
     bool peer_only = false;                   // a prefetch that may not read the origin
     std::shared_ptr<const std::string> data;  // the bytes, for readers waiting on the fill
     bool settled = false;  // the cache write after `done` finished (stored or not)
+    bool already = false;  // nothing to fetch: another fill stored it after the caller looked
   };
   struct BlockBytes {
     BlockCache::PinPtr pin;                   // resident, or
