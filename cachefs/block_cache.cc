@@ -98,10 +98,13 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
       }
       present_files.insert(path);
     }
-    cache->lru_.push_back(a);
-    e.lru = std::prev(cache->lru_.end());
     cache->used_ += e.length;
-    cache->blocks_.emplace(a, e);
+    auto [node, inserted] = cache->blocks_.emplace(a, e);
+    // Loaded in key order; all start as the least recent, in that order.
+    Node* n = &*node;
+    n->second.lru_prev = cache->lru_back_;
+    (cache->lru_back_ != nullptr ? cache->lru_back_->second.lru_next : cache->lru_front_) = n;
+    cache->lru_back_ = n;
   }
   for (const auto& k : stale_keys) db->Delete(rocksdb::WriteOptions(), k);
   if (!stale_keys.empty()) {
@@ -116,12 +119,11 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
     const int64_t now_ms = NowMs();
     std::vector<BlockAddr> victims;
     uint64_t used = cache->used_;
-    for (auto r = cache->lru_.rbegin(); r != cache->lru_.rend() && used > options.capacity_bytes;
-         ++r) {
-      const Entry& e = cache->blocks_.at(*r);
-      if (e.pinned_until_ms > now_ms) continue;
-      victims.push_back(*r);
-      used -= e.length;
+    for (Node* n = cache->lru_back_; n != nullptr && used > options.capacity_bytes;
+         n = n->second.lru_prev) {
+      if (n->second.pinned_until_ms > now_ms) continue;
+      victims.push_back(n->first);
+      used -= n->second.length;
     }
     for (const auto& v : victims) cache->RemoveLocked(cache->blocks_.find(v), true);
     cache->added_.clear();
@@ -146,7 +148,8 @@ BlockCache::PinPtr BlockCache::Acquire(const BlockAddr& addr) {
     return nullptr;
   }
   e.pins++;
-  lru_.splice(lru_.begin(), lru_, e.lru);
+  LruUnlink(&*it);
+  LruPushFront(&*it);
   auto* pin =
       new Pin{addr, fd, e.offset, e.length, e.checksum, e.verified, e.generation, std::move(file)};
   return PinPtr(pin, [this](const Pin* p) {
@@ -182,8 +185,7 @@ void BlockCache::Unpin(const BlockAddr& addr) {
   if (--it->second.pins == 0 && it->second.doomed) {
     PunchHole(addr, it->second.offset, it->second.length);
     used_ -= it->second.length;
-    lru_.erase(it->second.lru);
-    blocks_.erase(it);
+    EraseLocked(it);
   }
 }
 
@@ -220,7 +222,25 @@ void BlockCache::RemoveLocked(std::map<BlockAddr, Entry>::iterator it, bool evic
   }
   PunchHole(addr, it->second.offset, it->second.length);
   used_ -= it->second.length;
-  lru_.erase(it->second.lru);
+  EraseLocked(it);
+}
+
+void BlockCache::LruPushFront(Node* n) {
+  n->second.lru_prev = nullptr;
+  n->second.lru_next = lru_front_;
+  (lru_front_ != nullptr ? lru_front_->second.lru_prev : lru_back_) = n;
+  lru_front_ = n;
+}
+
+void BlockCache::LruUnlink(Node* n) {
+  Entry& e = n->second;
+  (e.lru_prev != nullptr ? e.lru_prev->second.lru_next : lru_front_) = e.lru_next;
+  (e.lru_next != nullptr ? e.lru_next->second.lru_prev : lru_back_) = e.lru_prev;
+  e.lru_prev = e.lru_next = nullptr;
+}
+
+void BlockCache::EraseLocked(std::map<BlockAddr, Entry>::iterator it) {
+  LruUnlink(&*it);
   blocks_.erase(it);
 }
 
@@ -254,10 +274,10 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
       std::vector<std::map<BlockAddr, Entry>::iterator> victims;
       uint64_t freed = 0;
       uint32_t victim_max = 0;
-      for (auto r = lru_.rbegin();
-           r != lru_.rend() && used_ + len - freed > options_.capacity_bytes; ++r) {
-        auto v = blocks_.find(*r);
-        if (v == blocks_.end() || v->second.pins > 0 || v->second.writing || v->second.doomed ||
+      for (Node* n = lru_back_; n != nullptr && used_ + len - freed > options_.capacity_bytes;
+           n = n->second.lru_prev) {
+        auto v = blocks_.find(n->first);
+        if (v->second.pins > 0 || v->second.writing || v->second.doomed ||
             v->second.pinned_until_ms > now_ms) {
           continue;
         }
@@ -279,9 +299,7 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
     e.length = len;
     e.verified = true;  // the caller checked these bytes
     e.generation = next_generation_++;
-    lru_.push_front(addr);
-    e.lru = lru_.begin();
-    blocks_.emplace(addr, e);
+    LruPushFront(&*blocks_.emplace(addr, e).first);
     used_ += len;
   }
 
@@ -327,8 +345,7 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   auto it = blocks_.find(addr);
   if (err != 0) {
     used_ -= len;
-    lru_.erase(it->second.lru);
-    blocks_.erase(it);
+    EraseLocked(it);
     not_admitted_++;
     if (err == ENOSPC || err == EDQUOT) {
       if (!disk_full_logged_) {

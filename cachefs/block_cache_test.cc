@@ -102,6 +102,40 @@ TEST(BlockCacheTest, CapacityIsHardAndPinnedBlocksStay) {
   EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, 3ull * kBlock + 4096);
 }
 
+TEST(BlockCacheTest, EvictsTheLeastRecentlyUsedBlock) {
+  testing::TempDir dir;
+  auto cache = OpenCache(dir.path(), 4ull * kBlock);
+  std::string data(kBlock, 'r');
+  uint64_t fsize = 100ull * kBlock;
+  for (uint64_t i = 0; i < 4; i++) {
+    ASSERT_EQ(cache->Insert({1, 1, 1, i}, fsize, i * kBlock, data, 9),
+              BlockCache::InsertResult::kStored);
+  }
+  // Use 0, 1 and 3 again: 2 is now the least recent, then 0.
+  for (uint64_t i : {0, 1, 3}) cache->Acquire({1, 1, 1, i});
+  for (int k = 0; k < 5; k++) cache->Acquire({1, 1, 1, 60});  // a hot newcomer (admitted)
+  ASSERT_EQ(cache->Insert({1, 1, 1, 60}, fsize, 60ull * kBlock, data, 9),
+            BlockCache::InsertResult::kStored);
+  EXPECT_FALSE(cache->Resident({1, 1, 1, 2}));
+  for (uint64_t i : {0, 1, 3, 60}) EXPECT_TRUE(cache->Resident({1, 1, 1, i})) << i;
+  for (int k = 0; k < 5; k++) cache->Acquire({1, 1, 1, 61});
+  ASSERT_EQ(cache->Insert({1, 1, 1, 61}, fsize, 61ull * kBlock, data, 9),
+            BlockCache::InsertResult::kStored);
+  EXPECT_FALSE(cache->Resident({1, 1, 1, 0}));
+  EXPECT_TRUE(cache->Resident({1, 1, 1, 1}));
+  // Dropping entries (front, middle, back) keeps the list whole: eviction still works after.
+  EXPECT_TRUE(cache->Drop({1, 1, 1, 61}));
+  EXPECT_TRUE(cache->Drop({1, 1, 1, 1}));
+  EXPECT_EQ(cache->GetStats().resident_blocks, 2u);
+  for (uint64_t i = 70; i < 74; i++) {
+    for (int k = 0; k < 10; k++) cache->Acquire({1, 1, 1, i});  // hotter than 60
+    ASSERT_EQ(cache->Insert({1, 1, 1, i}, fsize, i * kBlock, data, 9),
+              BlockCache::InsertResult::kStored);
+  }
+  EXPECT_EQ(cache->GetStats().resident_blocks, 4u);
+  EXPECT_LE(cache->GetStats().used_bytes, 4ull * kBlock);
+}
+
 TEST(BlockCacheTest, DropWhilePinnedPunchesAfterRelease) {
   testing::TempDir dir;
   auto cache = OpenCache(dir.path(), 10ull * kBlock);

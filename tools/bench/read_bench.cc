@@ -6,10 +6,13 @@
 //                                              in random order with WORKERS threads; prints files/s
 //   read_bench drop PATH...                    drops the page cache of files (dirs recursively)
 //   read_bench gen FILE SIZE SEED              writes SIZE pseudo-random bytes to FILE
+//   read_bench tree DIR DIRS FILES SIZE        writes DIRS folders of FILES files of SIZE bytes
+//   read_bench stat LIST                       stat()s every path in LIST; prints files/s
 //
 // With `drop`, the page cache of the files is dropped first (not timed), so a FUSE mount's
 // daemon is measured rather than the kernel's cache of the mount; `keep` measures warm files.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,6 +120,38 @@ int Small(const std::string& list, int workers, unsigned seed, bool drop) {
   return 0;
 }
 
+int Tree(const std::string& dir, int dirs, int files, uint64_t size) {
+  for (int d = 0; d < dirs; d++) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "/d%04d", d);
+    std::string sub = dir + name;
+    std::filesystem::create_directories(sub);
+    for (int f = 0; f < files; f++) {
+      std::snprintf(name, sizeof(name), "/f%05d.jpg", f);
+      if (Gen(sub + name, size, static_cast<uint64_t>(d) * 100000 + f + 1) != 0) return 1;
+    }
+  }
+  return 0;
+}
+
+int Stat(const std::string& list) {
+  std::vector<std::string> paths;
+  std::ifstream in(list);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) paths.push_back(line);
+  }
+  auto start = std::chrono::steady_clock::now();
+  for (const auto& p : paths) {
+    struct stat st;
+    if (stat(p.c_str(), &st) != 0) {
+      std::perror(p.c_str());
+      return 1;
+    }
+  }
+  std::printf("%.0f\n", paths.size() / Seconds(start));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,6 +163,11 @@ int main(int argc, char** argv) {
   if (mode == "gen" && argc == 5) {
     return Gen(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
   }
+  if (mode == "tree" && argc == 6) {
+    return Tree(argv[2], std::atoi(argv[3]), std::atoi(argv[4]),
+                std::strtoull(argv[5], nullptr, 10));
+  }
+  if (mode == "stat" && argc == 3) return Stat(argv[2]);
   if (mode == "drop" && argc >= 3) {
     for (int i = 2; i < argc; i++) {
       if (std::filesystem::is_directory(argv[i])) {
@@ -142,6 +182,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: read_bench seq FILE drop|keep | small LIST WORKERS SEED drop|keep | "
-               "drop PATH... | gen FILE SIZE SEED\n");
+               "drop PATH... | gen FILE SIZE SEED | tree DIR DIRS FILES SIZE | stat LIST\n");
   return 2;
 }

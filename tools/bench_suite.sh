@@ -1,0 +1,274 @@
+#!/bin/bash
+# bench_suite.sh BUILD: Ember side by side with the native file system, bindfs (a plain FUSE
+# pass-through) and `rclone mount --vfs-cache-mode full` (a caching FUSE file system), all over
+# the same origin directory, in one run. Called by `make bench` (tools/bench.sh); writes
+# BUILD/bench/suite.md and the generated part of docs/benchmarks.md.
+#
+# Data (generated once under $EMBER_BENCH_DIR/suite/data, default /var/tmp/ember-bench):
+#   large/large.bin        4 GiB
+#   images/dNNNN/fNNNNN.jpg 10,000 files of 112 KiB in 100 folders (an image dataset)
+#   shards/shard-0000N.tar 8 x 512 MiB (WebDataset-style)
+#   tree/dNNNN/fNNNNN.jpg  100,000 files of 1 KiB in 100 folders (metadata case)
+#
+# Warm cases measure the daemon, not the kernel's cache of the mount: fio invalidates the file's
+# page cache of the mount before each job (--invalidate=1), read_bench drops it per file, while
+# the backing data (origin, Ember's cache files, rclone's cache files) stays warm in RAM. The
+# native file system is read warm (the physical limit). Every case runs RUNS times (default 5)
+# with the systems interleaved (the order rotates each run); medians, min-max spread, ratios.
+set -euo pipefail
+BUILD=$(realpath "${1:-build}")
+EMBER=$BUILD/bin/ember
+RB=$BUILD/bin/read_bench
+WORK=${EMBER_BENCH_DIR:-/var/tmp/ember-bench}/suite
+DATA=$WORK/data
+RUNS=${RUNS:-5}
+OUT=$BUILD/bench/suite
+MNT=$WORK/mnt
+SYSTEMS=(native ember bindfs rclone)
+mkdir -p "$OUT" "$DATA"
+: > "$OUT/raw.txt"
+START=$(date +%s)
+
+say() { echo "bench: [$(($(date +%s) - START))s] $*" >&2; }
+for tool in fio rclone bindfs; do
+  command -v $tool > /dev/null || { echo "bench: $tool is missing (make deps installs it)" >&2; exit 1; }
+done
+
+# ---- data (once) ----
+if [ ! -f "$DATA/.done" ]; then
+  say "generating 4 GiB + 8 x 512 MiB + 10,000 x 112 KiB + 100,000 x 1 KiB under $DATA (once)"
+  rm -rf "${DATA:?}"/*
+  mkdir -p "$DATA/large" "$DATA/shards"
+  "$RB" gen "$DATA/large/large.bin" $((4 << 30)) 4
+  for i in 0 1 2 3 4 5 6 7; do "$RB" gen "$DATA/shards/shard-0000$i.tar" $((512 << 20)) "50$i"; done
+  "$RB" tree "$DATA/images" 100 100 114688
+  "$RB" tree "$DATA/tree" 100 1000 1024
+  touch "$DATA/.done"
+fi
+find "$DATA/images" -type f | sort > "$OUT/images.native"
+find "$DATA/tree" -type f | sort > "$OUT/tree.native"
+
+# ---- helpers ----
+root_of() {  # SYS -> directory that shows the origin's top-level folders
+  case $1 in native) echo "$DATA" ;; *) echo "$MNT/$1" ;; esac
+}
+list_for() {  # SYS NAME -> a list file of NAME's paths as SYS shows them
+  local f=$OUT/$2.$1
+  [ -f "$f" ] || sed "s|^$DATA|$(root_of "$1")|" "$OUT/$2.native" > "$f"
+  echo "$f"
+}
+record() { echo "$1 $2 $3" >> "$OUT/raw.txt"; }  # CASE SYS VALUE
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN {printf "%.3f", b - a}'; }
+
+PIDS=()
+cleanup() {
+  for m in "$MNT/bindfs" "$MNT/rclone"; do mountpoint -q "$m" 2>/dev/null && fusermount -u "$m" 2>/dev/null || true; done
+  [ ${#PIDS[@]} -gt 0 ] && { kill "${PIDS[@]}" 2>/dev/null || true; }
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+wait_for_log() {  # FILE PATTERN PID
+  for _ in $(seq 600); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || { cat "$1" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "bench: timed out waiting for '$2' in $1" >&2
+  return 1
+}
+
+EMBER_PID=
+start_ember() {  # STATE DATASET... ; `ember up` on MNT/ember with a fresh state dir
+  local state=$1; shift
+  local args=()
+  for d in "$@"; do args+=(--dataset "$d=$DATA/$d"); done
+  rm -rf "$state"; mkdir -p "$MNT/ember"
+  local port=$((20000 + RANDOM % 20000))
+  "$EMBER" up --mount "$MNT/ember" --data-dir "$state" --listen "127.0.0.1:$port" \
+    --node-listen "127.0.0.1:$((port + 1))" --cache-size 16GiB "${args[@]}" > "$OUT/ember.log" 2>&1 &
+  EMBER_PID=$!
+  PIDS+=("$EMBER_PID")
+  wait_for_log "$OUT/ember.log" "serving datasets at" "$EMBER_PID"
+  export EMBER_META=127.0.0.1:$port
+}
+stop_ember() {
+  kill "$EMBER_PID" 2>/dev/null || true
+  wait "$EMBER_PID" 2>/dev/null || true
+  mountpoint -q "$MNT/ember" && fusermount -u "$MNT/ember" 2>/dev/null || true
+}
+start_rclone() {  # fresh cache
+  mkdir -p "$MNT/rclone"
+  rm -rf "$WORK/rclone-cache"
+  rclone mount "$DATA" "$MNT/rclone" --vfs-cache-mode full --cache-dir "$WORK/rclone-cache" \
+    --read-only --daemon --log-file "$OUT/rclone.log" 2> /dev/null
+  for _ in $(seq 100); do mountpoint -q "$MNT/rclone" && return 0; sleep 0.1; done
+  echo "bench: rclone mount did not come up" >&2
+  return 1
+}
+stop_rclone() { fusermount -u "$MNT/rclone" 2>/dev/null || true; sleep 0.5; }
+start_bindfs() { mkdir -p "$MNT/bindfs"; bindfs -o ro "$DATA" "$MNT/bindfs"; }
+
+# fio, one group: prints MiB/s (bw) or IOPS. Native is read warm (no invalidation).
+fio_case() {  # SYS KIND(bw|iops) FIO-ARGS...
+  local sys=$1 kind=$2; shift 2
+  local inv=1
+  [ "$sys" = native ] && inv=0
+  fio --output-format=terse --terse-version=3 --group_reporting --ioengine=psync \
+    --invalidate=$inv --name=job "$@" 2> "$OUT/fio.err" |
+    awk -F';' -v k="$kind" '{ if (k == "bw") printf "%.1f\n", $7 / 1024; else printf "%.0f\n", $8 }'
+}
+run_case() {  # CASE SYS
+  local c=$1 sys=$2 r
+  r=$(root_of "$sys")
+  local big=$r/large/large.bin
+  case $c in
+    seq1) v=$(fio_case "$sys" bw --filename="$big" --rw=read --bs=1M) ;;
+    seq2) v=$(fio_case "$sys" bw --filename="$big" --rw=read --bs=1M --numjobs=2 --size=2g --offset_increment=2g) ;;
+    rand4k1) v=$(fio_case "$sys" iops --filename="$big" --rw=randread --bs=4k --runtime=3 --time_based) ;;
+    rand4k2) v=$(fio_case "$sys" iops --filename="$big" --rw=randread --bs=4k --runtime=3 --time_based --numjobs=2) ;;
+    rand128k1) v=$(fio_case "$sys" bw --filename="$big" --rw=randread --bs=128k --runtime=3 --time_based) ;;
+    rand128k2) v=$(fio_case "$sys" bw --filename="$big" --rw=randread --bs=128k --runtime=3 --time_based --numjobs=2) ;;
+    small1)
+      local mode=drop
+      [ "$sys" = native ] && mode=keep
+      v=$("$RB" small "$(list_for "$sys" images)" 4 "$RANDOM" $mode) ;;
+    small2) v=$("$RB" small "$(list_for "$sys" images)" 4 "$RANDOM" keep) ;;
+    find)
+      sync; echo 2 > /proc/sys/vm/drop_caches  # dentries and inodes of every file system
+      local t0; t0=$(now); n=$(find "$r/tree" -type f | wc -l); t=$(elapsed "$t0")
+      [ "$n" -eq 100000 ] || { echo "bench: find saw $n files on $sys" >&2; return 1; }
+      v=$(awk -v t="$t" 'BEGIN {printf "%.0f", 100000 / t}') ;;
+    stat)
+      sync; echo 2 > /proc/sys/vm/drop_caches
+      v=$("$RB" stat "$(list_for "$sys" tree)") ;;
+  esac
+  [ -n "$v" ] || { echo "bench: $c on $sys gave no number; $(cat "$OUT/fio.err" 2>/dev/null)" >&2; return 1; }
+  record "$c" "$sys" "$v"
+}
+rotate() {  # RUN -> SYSTEMS rotated by RUN
+  local i=$1 n=${#SYSTEMS[@]} out=()
+  for k in $(seq 0 $((n - 1))); do out+=("${SYSTEMS[$(((i + k) % n))]}"); done
+  echo "${out[@]}"
+}
+
+# ---- warm cases ----
+start_ember "$WORK/ember-warm" large images tree
+start_bindfs
+start_rclone
+say "first read through Ember and rclone (fills their caches; cold figures)"
+for sys in ember rclone; do
+  r=$(root_of $sys)
+  record coldfill-seq "$sys" "$("$RB" seq "$r/large/large.bin" keep)"
+  record coldfill-small "$sys" "$("$RB" small "$(list_for $sys images)" 4 1 keep)"
+done
+WARM_CASES=(seq1 seq2 rand4k1 rand4k2 rand128k1 rand128k2 small1 small2 find stat)
+for i in $(seq "$RUNS"); do
+  for c in "${WARM_CASES[@]}"; do
+    say "warm run $i/$RUNS: $c"
+    for sys in $(rotate "$i"); do run_case "$c" "$sys"; done
+  done
+done
+"$EMBER" status > "$OUT/ember-status.txt" || true
+stop_ember
+stop_rclone
+fusermount -u "$MNT/bindfs"
+
+# ---- cold first epoch: caches empty; origin warm in RAM, then from disk (page cache dropped) ----
+cold_run() {  # SOURCE(ram|disk) SYS RUN
+  local src=$1 sys=$2 i=$3
+  case $sys in
+    ember) start_ember "$WORK/ember-cold" images shards ;;
+    rclone) start_rclone ;;
+    bindfs) start_bindfs ;;
+  esac
+  local r; r=$(root_of "$sys")
+  if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+  record "cold-$src-small" "$sys" "$("$RB" small "$(list_for "$sys" images)" 4 "$i" keep)"
+  if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+  record "cold-$src-shards" "$sys" "$(fio_case "$sys" bw --rw=read --bs=1M --name=a \
+    --filename="$r/shards/shard-0000$((i % 4 * 2)).tar" --name=b --filename="$r/shards/shard-0000$((i % 4 * 2 + 1)).tar")"
+  case $sys in
+    ember) stop_ember ;;
+    rclone) stop_rclone ;;
+    bindfs) fusermount -u "$MNT/bindfs" ;;
+  esac
+}
+for src in ram disk; do
+  for i in $(seq "$RUNS"); do
+    say "cold ($src) run $i/$RUNS"
+    # Origin in RAM: read it natively first (not timed).
+    [ "$src" = ram ] && cat "$DATA/shards/"* > /dev/null && "$RB" small "$OUT/images.native" 2 1 keep > /dev/null
+    for sys in $(rotate "$i"); do cold_run "$src" "$sys" "$i"; done
+  done
+done
+
+# ---- peer fill vs raw TCP (transport level, same loopback) ----
+say "peer fill vs raw TCP"
+"$BUILD/bin/peer_bench" "$DATA/shards/shard-00000.tar" "$RUNS" 1 > "$OUT/peer.txt"
+"$BUILD/bin/peer_bench" "$DATA/shards/shard-00000.tar" "$RUNS" 2 >> "$OUT/peer.txt"
+
+# ---- memory: agent RSS with a 1,000,000-block index; meta bytes per block location ----
+say "memory: 1,000,000 resident blocks"
+"$(dirname "$0")/bench_memory.sh" "$BUILD" > "$OUT/memory.txt"
+
+# ---- report ----
+say "writing the report"
+stats() {  # CASE SYS -> "median min max"
+  awk -v c="$1" -v s="$2" '$1 == c && $2 == s {print $3}' "$OUT/raw.txt" | sort -g |
+    awk '{a[NR] = $1} END {if (NR == 0) {print "- - -"; exit} m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; print m, a[1], a[NR]}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0 && a != "-") printf "%.2f", a / b; else print "-"}'; }
+cell() { set -- $(stats "$1" "$2"); echo "$1 ($2-$3)"; }
+med() { stats "$1" "$2" | cut -d' ' -f1; }
+table() {  # TITLE CASE:LABEL...
+  echo "| $1 | native | Ember | bindfs | rclone | Ember/native | Ember/bindfs | Ember/rclone |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  shift
+  for cl in "$@"; do
+    local c=${cl%%:*} label=${cl#*:}
+    local e; e=$(med "$c" ember)
+    echo "| $label | $(cell "$c" native) | $(cell "$c" ember) | $(cell "$c" bindfs) | $(cell "$c" rclone) | $(ratio "$e" "$(med "$c" native)") | $(ratio "$e" "$(med "$c" bindfs)") | $(ratio "$e" "$(med "$c" rclone)") |"
+  done
+}
+{
+  echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r), $(. /etc/os-release; echo "$PRETTY_NAME"); Ember $(git -C "$(dirname "$0")" describe --always --dirty 2>/dev/null || echo '?'); $(fio --version); rclone $(rclone version 2>/dev/null | head -1 | awk '{print $2}'); bindfs $(bindfs --version 2>&1 | awk '{print $2}'); $(date -u +%Y-%m-%d)."
+  echo "Runs: $RUNS per case and system, interleaved; median (min-max). Wall time of the suite: $(($(date +%s) - START)) s."
+  echo
+  table "warm (daemon's cache full, mount's page cache dropped)" \
+    "seq1:sequential 1 MiB, 4 GiB file, 1 job (MiB/s)" "seq2:sequential 1 MiB, 2 jobs (MiB/s)" \
+    "rand4k1:random 4 KiB, 1 job, QD1 (IOPS)" "rand4k2:random 4 KiB, 2 jobs (IOPS)" \
+    "rand128k1:random 128 KiB, 1 job (MiB/s)" "rand128k2:random 128 KiB, 2 jobs (MiB/s)" \
+    "small1:small files 112 KiB, 4 workers, first warm epoch (files/s)" \
+    "small2:small files, second epoch, caches as left by the first (files/s)" \
+    "find:find of 100,000 files, dentries dropped (files/s)" \
+    "stat:stat of 100,000 files, dentries dropped (files/s)"
+  echo
+  table "cold first epoch (caches empty)" \
+    "cold-ram-small:small files, 4 workers, origin in RAM (files/s)" \
+    "cold-ram-shards:2 shards of 512 MiB, 2 jobs, origin in RAM (MiB/s)" \
+    "cold-disk-small:small files, 4 workers, origin from disk (files/s)" \
+    "cold-disk-shards:2 shards, 2 jobs, origin from disk (MiB/s)"
+  echo
+  echo "First read through the daemons while filling their caches (origin warm), one run: Ember $(med coldfill-seq ember) MiB/s sequential, $(med coldfill-small ember) files/s; rclone $(med coldfill-seq rclone) MiB/s, $(med coldfill-small rclone) files/s."
+  echo
+  echo "| peer fill (transport, 512 MiB file as 4 MiB blocks, 127.0.0.1) | Ember | raw TCP | ratio |"
+  echo "| --- | --- | --- | --- |"
+  cat "$OUT/peer.txt"
+  echo
+  cat "$OUT/memory.txt"
+  echo
+  echo "Raw numbers (case system value): $(awk '{printf "%s%s/%s=%s", (NR > 1 ? ", " : ""), $1, $2, $3}' "$OUT/raw.txt")."
+} > "$OUT/../suite.md"
+cat "$OUT/../suite.md"
+
+# The generated part of docs/benchmarks.md (between the markers) is replaced by this run.
+DOC=$(dirname "$0")/../docs/benchmarks.md
+if grep -q '<!-- suite:begin -->' "$DOC"; then
+  awk -v f="$OUT/../suite.md" '
+    /<!-- suite:begin -->/ {print; while ((getline l < f) > 0) print l; skip = 1; next}
+    /<!-- suite:end -->/ {skip = 0}
+    !skip {print}' "$DOC" > "$DOC.new" && mv "$DOC.new" "$DOC"
+fi
+say "done"
