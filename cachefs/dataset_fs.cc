@@ -213,6 +213,17 @@ void DatasetFs::Release(uint64_t handle) {
   handles_.erase(handle);
 }
 
+absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino) {
+  if (ino == kRootIno) return absl::NotFoundError("the root has no backing file");
+  auto r = Resolve(ino);
+  if (!r.ok()) return r.status();
+  if (r->second->type != rpc::FileEntry::FILE) return absl::NotFoundError("not a regular file");
+  uint32_t ds, v;
+  uint64_t file_id;
+  SplitIno(ino, &ds, &v, &file_id);
+  return read_path_->PinFile(MakeFileRef(*r->first, file_id));
+}
+
 FsStats DatasetFs::StatFs() {
   FsStats s;
   for (const auto& ds : ns_->Datasets()) {

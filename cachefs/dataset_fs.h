@@ -30,6 +30,7 @@ class DatasetFs final : public FileSystem {
   absl::StatusOr<ReadResult> Read(uint64_t ino, uint64_t handle, uint64_t offset,
                                   size_t size) override;
   void Release(uint64_t handle) override;
+  absl::StatusOr<Backing> OpenBacking(uint64_t ino) override;
   FsStats StatFs() override;
 
   // Entries and attributes below the root never change (manifests are immutable).

@@ -76,6 +76,17 @@ class FileSystem {
   virtual absl::StatusOr<ReadResult> Read(uint64_t ino, uint64_t handle, uint64_t offset,
                                           size_t size) = 0;
   virtual void Release(uint64_t handle) = 0;
+
+  // A file whose every block is resident (and verified): the cache file holding it, which the
+  // kernel may read directly (passthrough), and what keeps its blocks from being evicted or
+  // punched while held. Returns: NotFound when some block is not resident (read through Read).
+  struct Backing {
+    int fd = -1;  // valid while `hold` lives
+    std::shared_ptr<const void> hold;
+  };
+  virtual absl::StatusOr<Backing> OpenBacking(uint64_t /*ino*/) {
+    return absl::NotFoundError("this file system has no backing files");
+  }
   virtual FsStats StatFs() = 0;
 };
 

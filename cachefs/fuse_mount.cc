@@ -282,6 +282,8 @@ bool IsMountpoint(const std::string& path) {
   return false;
 }
 
+}  // namespace
+
 void LazyUnmount(const std::string& mountpoint) {
   if (umount2(mountpoint.c_str(), MNT_DETACH) == 0) return;
   // Not root: ask the setuid helper.
@@ -292,8 +294,6 @@ void LazyUnmount(const std::string& mountpoint) {
   }
   if (pid > 0) waitpid(pid, nullptr, 0);
 }
-
-}  // namespace
 
 absl::Status PrepareMountpoint(const std::string& mountpoint) {
   struct stat st;
@@ -338,9 +338,10 @@ absl::Status PrepareMountpoint(const std::string& mountpoint) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
-                                                            const std::string& mountpoint,
-                                                            const MountOptions& options) {
+absl::StatusOr<fuse_session*> MountSession(const std::string& mountpoint,
+                                           const MountOptions& options,
+                                           const fuse_lowlevel_ops* ops, void* userdata,
+                                           std::string* resolved_mp) {
   char resolved[PATH_MAX];
   if (realpath(mountpoint.c_str(), resolved) == nullptr) {
     // PrepareMountpoint explains the common cases.
@@ -352,11 +353,6 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
   std::string mp = resolved;
   absl::Status prep = PrepareMountpoint(mp);
   if (!prep.ok()) return prep;
-
-  std::unique_ptr<FuseMount> m(new FuseMount());
-  m->fs_ = fs;
-  m->mountpoint_ = mp;
-  m->options_ = options;
   std::vector<std::string> args = {"ember", "-o",
                                    "ro,default_permissions,fsname=ember,subtype=ember"};
   if (options.allow_other) {
@@ -367,16 +363,28 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
-  m->session_ = fuse_session_new(&fargs, &kOps, sizeof(kOps), fs);
+  fuse_session* session = fuse_session_new(&fargs, ops, sizeof(*ops), userdata);
   fuse_opt_free_args(&fargs);  // libfuse may have copied them
-  if (m->session_ == nullptr) return absl::InternalError("fuse_session_new failed");
-  if (fuse_session_mount(m->session_, mp.c_str()) != 0) {
-    fuse_session_destroy(m->session_);
-    m->session_ = nullptr;
+  if (session == nullptr) return absl::InternalError("fuse_session_new failed");
+  if (fuse_session_mount(session, mp.c_str()) != 0) {
+    fuse_session_destroy(session);
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot mount FUSE at ", mp, " (is /dev/fuse available and fuse3 installed?)"));
   }
-  spdlog::info("mount: serving datasets at {}", mp);
+  *resolved_mp = mp;
+  return session;
+}
+
+absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
+                                                            const std::string& mountpoint,
+                                                            const MountOptions& options) {
+  std::unique_ptr<FuseMount> m(new FuseMount());
+  m->fs_ = fs;
+  m->options_ = options;
+  auto session = MountSession(mountpoint, options, &kOps, fs, &m->mountpoint_);
+  if (!session.ok()) return session.status();
+  m->session_ = *session;
+  spdlog::info("mount: serving datasets at {} (libfuse)", m->mountpoint_);
   return m;
 }
 

@@ -13,12 +13,14 @@
 #include "cachefs/filesystem.h"
 
 struct fuse_session;
+struct fuse_lowlevel_ops;
 
 namespace ember::cachefs {
 
 struct MountOptions {
   bool allow_other = false;  // let other users read the mount (needs user_allow_other or root)
   int max_threads = 16;
+  bool passthrough = true;  // kernel binding: ask for FUSE passthrough of resident files
   bool debug = false;
 };
 
@@ -27,18 +29,37 @@ struct MountOptions {
 // is lazily unmounted first. Returns: Ok; NotFound; FailedPrecondition (not a directory, busy).
 absl::Status PrepareMountpoint(const std::string& mountpoint);
 
-class FuseMount {
+// A FUSE binding serving a FileSystem at a mountpoint: libfuse (FuseMount, below) or the kernel
+// protocol spoken directly (KernelFuse, fuse_kernel.h).
+class MountBinding {
+ public:
+  virtual ~MountBinding() = default;
+  // Serves requests until Stop() or an external unmount. Returns when the loop has ended.
+  virtual void Run() = 0;
+  // Ends the loop and unmounts; safe from any thread, idempotent.
+  virtual void Stop() = 0;
+};
+
+// Mounts read-only at `mountpoint` through libfuse (fusermount3 when not root) and returns the
+// session; `ops` may be empty when the caller reads /dev/fuse itself. *resolved is the absolute
+// mountpoint. Returns: the errors of PrepareMountpoint; FailedPrecondition (cannot mount).
+absl::StatusOr<fuse_session*> MountSession(const std::string& mountpoint,
+                                           const MountOptions& options,
+                                           const ::fuse_lowlevel_ops* ops, void* userdata,
+                                           std::string* resolved);
+// Detaches a mount (umount2 MNT_DETACH, or fusermount3 -u -z when not root).
+void LazyUnmount(const std::string& mountpoint);
+
+class FuseMount final : public MountBinding {
  public:
   // Mounts `fs` at `mountpoint`. The FileSystem must outlive the mount.
   static absl::StatusOr<std::unique_ptr<FuseMount>> Mount(FileSystem* fs,
                                                           const std::string& mountpoint,
                                                           const MountOptions& options);
-  ~FuseMount();
+  ~FuseMount() override;
 
-  // Serves requests until Stop() or an external unmount. Returns when the loop has ended.
-  void Run();
-  // Ends the loop and unmounts; safe from any thread, idempotent.
-  void Stop();
+  void Run() override;
+  void Stop() override;
 
   const std::string& mountpoint() const { return mountpoint_; }
 

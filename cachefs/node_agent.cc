@@ -58,9 +58,33 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     gethostname(host, sizeof(host) - 1);
     a->options_.node_id = host;
   }
+  if (options.fuse_binding != "kernel" && options.fuse_binding != "libfuse") {
+    return absl::InvalidArgumentError(absl::StrCat("--fuse-binding '", options.fuse_binding,
+                                                   "': use kernel or libfuse"));
+  }
+  // Take over a running agent's mount first: it keeps serving while this process starts, and
+  // hands over once it has closed the cache and freed its ports.
+  std::optional<KernelFuseState> inherited;
+  if (options.takeover) {
+    if (options.fuse_binding != "kernel") {
+      return absl::InvalidArgumentError("--takeover needs --fuse-binding kernel");
+    }
+    const std::string sock = TakeoverSocketPath(options.cache_dir);
+    auto st = RequestTakeover(sock, std::chrono::seconds(60));
+    if (st.ok()) {
+      inherited = std::move(*st);
+    } else if (absl::IsNotFound(st.status())) {
+      spdlog::info("node: --takeover: {}; mounting afresh", std::string(st.status().message()));
+    } else {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--takeover: ", st.status().message()));
+    }
+  }
   // Check the mountpoint before touching anything else.
-  absl::Status mp = PrepareMountpoint(options.mountpoint);
-  if (!mp.ok()) return mp;
+  if (!inherited) {
+    absl::Status mp = PrepareMountpoint(options.mountpoint);
+    if (!mp.ok()) return mp;
+  }
 
   BlockCache::Options co;
   co.dir = options.cache_dir;
@@ -120,9 +144,25 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->prefetch_ =
       std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
                                        a->read_path_.get(), a->cache_.get(), a->meta_.get());
-  auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
-  if (!mount.ok()) return mount.status();
-  a->mount_ = std::move(*mount);
+  if (options.fuse_binding == "libfuse") {
+    auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
+    if (!mount.ok()) return mount.status();
+    a->mount_ = std::move(*mount);
+  } else {
+    auto mount = inherited ? KernelFuse::Adopt(a->fs_.get(), std::move(*inherited), options.mount)
+                           : KernelFuse::Mount(a->fs_.get(), options.mountpoint, options.mount);
+    if (!mount.ok()) return mount.status();
+    a->kernel_ = mount->get();
+    a->mount_ = std::move(*mount);
+    // A successor (`ember node --takeover`) can ask for this mount.
+    auto listener = TakeoverListener::Start(TakeoverSocketPath(options.cache_dir),
+                                            [p = a.get()](int conn) { p->HandOver(conn); });
+    if (listener.ok()) {
+      a->takeover_ = std::move(*listener);
+    } else {
+      spdlog::warn("node: {}; restarts will remount", std::string(listener.status().message()));
+    }
+  }
   RETURN_IF_ERROR(a->StartMetrics());
   a->background_ = std::thread([p = a.get()] { p->Background(); });
   return a;
@@ -176,6 +216,13 @@ absl::Status NodeAgent::StartMetrics() {
       {}, &rpc::NodeStats::checksum_failures);
   add("ember_peer_fetches_total", "Blocks filled from a peer.", "counter", {},
       &rpc::NodeStats::peer_fetches);
+  const char* kOpens = "Files opened through the mount, by how their reads are served.";
+  add("ember_fuse_opens_total", kOpens, "counter", {{"mode", "passthrough"}},
+      &rpc::NodeStats::passthrough_opens);
+  add("ember_fuse_opens_total", kOpens, "counter", {{"mode", "daemon"}},
+      &rpc::NodeStats::daemon_opens);
+  add("ember_fuse_passthrough_files_open", "Files open now with the kernel reading the cache file.",
+      "gauge", {}, &rpc::NodeStats::passthrough_files_open);
   if (options_.metrics_listen.empty()) return absl::OkStatus();
   size_t colon = options_.metrics_listen.rfind(':');
   int port = 0;
@@ -207,13 +254,48 @@ NodeAgent::~NodeAgent() {
   Stop();
   if (background_.joinable()) background_.join();
   for (const char* prefix : {"ember_cache_", "ember_read_", "ember_origin_block_reads",
-                             "ember_checksum_failures", "ember_peer_fetches"}) {
+                             "ember_checksum_failures", "ember_peer_fetches", "ember_fuse_opens",
+                             "ember_fuse_passthrough"}) {
     metrics::Global().RemoveCallbacks(prefix);  // they point at this agent
   }
   if (http_) http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
   prefetch_.reset();  // its workers use the read path
-  mount_.reset();     // unmount before the filesystem it serves goes away
+  takeover_.reset();
+  mount_.reset();  // unmount (unless handed over) before the filesystem it serves goes away
+  if (handover_conn_ >= 0) {
+    // Close everything the successor opens (cache index, ports), then hand the mount over.
+    fs_.reset();
+    namespace_.reset();
+    read_path_.reset();
+    peers_.reset();
+    transport_.reset();
+    block_server_.reset();
+    block_source_.reset();
+    cache_.reset();
+    manifests_.reset();
+    meta_.reset();
+    absl::Status st = SendTakeoverState(handover_conn_, handover_);
+    if (st.ok()) {
+      spdlog::info("takeover: mount {} handed over", handover_.mountpoint);
+    } else {
+      spdlog::error("takeover: {}; the mount ends with this process",
+                    std::string(st.message()));
+    }
+    close(handover_.fd);
+  }
+}
+
+void NodeAgent::HandOver(int conn) {
+  KernelFuseState state = kernel_->Quiesce();  // Run() returns in the main thread
+  std::lock_guard lock(mu_);
+  handover_ = std::move(state);
+  handover_conn_ = conn;
+}
+
+bool NodeAgent::HandedOver() {
+  std::lock_guard lock(mu_);
+  return handover_conn_ >= 0;
 }
 
 void NodeAgent::Run() { mount_->Run(); }
@@ -233,6 +315,14 @@ rpc::NodeStats NodeAgent::Stats() {
   rpc::NodeStats s;
   BlockCache::Stats c = cache_->GetStats();
   ReadStats r = read_path_->GetStats();
+  s.set_fuse_binding(kernel_ != nullptr ? "kernel" : "libfuse");
+  if (kernel_ != nullptr) {
+    KernelFuse::Stats k = kernel_->GetStats();
+    s.set_passthrough(k.passthrough);
+    s.set_passthrough_opens(k.passthrough_opens);
+    s.set_daemon_opens(k.daemon_opens);
+    s.set_passthrough_files_open(k.passthrough_files_open);
+  }
   s.set_capacity_bytes(c.capacity_bytes);
   s.set_used_bytes(c.used_bytes);
   s.set_resident_blocks(c.resident_blocks);

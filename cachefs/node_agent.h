@@ -18,12 +18,14 @@
 #include "absl/status/statusor.h"
 #include "cachefs/block_cache.h"
 #include "cachefs/dataset_fs.h"
+#include "cachefs/fuse_kernel.h"
 #include "cachefs/fuse_mount.h"
 #include "cachefs/namespace.h"
 #include "cachefs/origin.h"
 #include "cachefs/peer_fetcher.h"
 #include "cachefs/prefetch.h"
 #include "cachefs/read_path.h"
+#include "cachefs/takeover.h"
 #include "meta/meta_client.h"
 #include "transport/block_transport.h"
 
@@ -53,6 +55,9 @@ struct NodeOptions {
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
   std::string metrics_listen;  // HOST:PORT for HTTP /metrics (Prometheus) and /healthz; "" = off
+  std::string fuse_binding = "kernel";  // "kernel" (fuse_kernel.h) or "libfuse" (fuse_mount.h)
+  // Take the mount over from the agent running on this cache dir (takeover.h), if there is one.
+  bool takeover = false;
 };
 
 class NodeAgent {
@@ -64,14 +69,19 @@ class NodeAgent {
 
   // Serves the mount until Stop(); returns when it is unmounted.
   void Run();
-  // Unmounts and stops background threads; safe from a signal-handling thread.
+  // Unmounts and stops background threads; safe from a signal-handling thread. After a handover
+  // to a successor the mount stays (the successor serves it).
   void Stop();
+  // True once a successor asked for the mount (Run() has returned for that reason).
+  bool HandedOver();
 
   rpc::NodeStats Stats();
 
  private:
   NodeAgent() = default;
   void Background();
+  // On the takeover listener's thread: stop serving FUSE; the rest shuts down in ~NodeAgent.
+  void HandOver(int conn);
   absl::Status Register();
   absl::Status FullReport();
   absl::Status SendChanges();
@@ -92,7 +102,11 @@ class NodeAgent {
   std::unique_ptr<Namespace> namespace_;
   std::unique_ptr<DatasetFs> fs_;
   std::unique_ptr<PrefetchRunner> prefetch_;
-  std::unique_ptr<FuseMount> mount_;
+  std::unique_ptr<MountBinding> mount_;
+  KernelFuse* kernel_ = nullptr;  // mount_, when it is the kernel binding
+  std::unique_ptr<TakeoverListener> takeover_;
+  int handover_conn_ = -1;  // a successor waiting for the mount (sent once all is closed)
+  KernelFuseState handover_;
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_;
   std::mutex stats_mu_;

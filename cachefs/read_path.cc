@@ -113,6 +113,24 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       absl::StrCat("block ", index, " of ", file.origin.path, " could not be read after retries"));
 }
 
+absl::StatusOr<FileSystem::Backing> ReadPath::PinFile(const FileRef& file) {
+  if (file.origin.size == 0) return absl::NotFoundError("empty file: nothing to read");
+  const uint64_t blocks = (file.origin.size + file.block_size - 1) / file.block_size;
+  auto pins = std::make_shared<std::vector<BlockCache::PinPtr>>();
+  pins->reserve(blocks);
+  for (uint64_t i = 0; i < blocks; i++) {
+    const BlockAddr addr{file.dataset_id, file.version, file.file_id, i};
+    auto pin = cache_->Acquire(addr);
+    if (!pin) return absl::NotFoundError(absl::StrCat("block ", i, " is not resident"));
+    if (!pin->verified) {
+      if (!VerifyPinned(*pin)) return absl::NotFoundError(absl::StrCat("block ", i, " was bad"));
+      cache_->MarkVerified(addr);
+    }
+    pins->push_back(std::move(pin));
+  }
+  return FileSystem::Backing{pins->front()->fd, pins};
+}
+
 bool ReadPath::VerifyPinned(const BlockCache::Pin& pin) {
   std::string buf(pin.length, '\0');
   if (PreadFull(pin.fd, pin.offset, pin.length, buf.data()) &&

@@ -86,6 +86,11 @@ class ReadPath {
   absl::StatusOr<Source> Prefetch(const FileRef& file, uint64_t index, bool allow_origin,
                                   const std::function<void(uint64_t bytes)>& before_origin);
 
+  // Pins every block of a file that is wholly resident, verifying blocks not yet checked since
+  // the agent started, for passthrough reads of its cache file. Returns the file's cache fd
+  // (valid while the hold lives) and the hold; NotFound if a block is missing or was bad.
+  absl::StatusOr<FileSystem::Backing> PinFile(const FileRef& file);
+
   ReadStats GetStats() const;
   // Checksums recorded locally while meta was unreachable; retried by the agent.
   void FlushPendingChecksums();

@@ -33,6 +33,11 @@ inline nlohmann::json NodeJson(const rpc::Node& n) {
           {"peer_fetches", s.peer_fetches()},
           {"peer_errors", s.peer_errors()},
           {"checksum_failures", s.checksum_failures()},
+          {"fuse_binding", s.fuse_binding()},
+          {"passthrough", s.passthrough()},
+          {"passthrough_opens", s.passthrough_opens()},
+          {"daemon_opens", s.daemon_opens()},
+          {"passthrough_files_open", s.passthrough_files_open()},
           {"evictions", s.evictions()},
           {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}};
 }

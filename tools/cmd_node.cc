@@ -37,6 +37,9 @@ struct NodeFlags {
   std::string transport = "auto";
   std::string peer_timeout = "3s";
   std::string metrics_listen;
+  std::string fuse_binding = "kernel";
+  bool no_passthrough = false;
+  bool takeover = false;
   MetaFlags meta;  // --token-file is also the token peers prove to each other
 };
 
@@ -60,6 +63,14 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--peer-timeout", f->peer_timeout,
                 "A peer silent this long is skipped (and avoided for 10 s)")
       ->capture_default_str();
+  c->add_option("--fuse-binding", f->fuse_binding,
+                "FUSE binding: kernel (speaks /dev/fuse itself: passthrough, takeover) or libfuse")
+      ->capture_default_str();
+  c->add_flag("--no-passthrough", f->no_passthrough,
+              "Serve every read through the agent, also of fully cached files");
+  c->add_flag("--takeover", f->takeover,
+              "Take the mount over from the agent running on this cache dir (no unmount: open "
+              "files keep working); mounts afresh if none runs");
   if (for_up) {
     c->add_option("--token-file", f->meta.token_file,
                   "File holding the cluster token (gRPC callers and peers must prove it)");
@@ -80,6 +91,9 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.mountpoint = f.mount;
   o.mount.allow_other = f.allow_other;
   o.readahead_blocks = f.readahead;
+  o.fuse_binding = f.fuse_binding;
+  o.mount.passthrough = !f.no_passthrough;
+  o.takeover = f.takeover;
   auto mode = transport::ParseTransportMode(f.transport);
   if (!mode.ok()) Fail(mode.status());
   o.transport = *mode;
@@ -125,7 +139,11 @@ void RunAgent(const cachefs::NodeOptions& options, const std::function<void()>& 
   }
   std::thread waiter([&] {
     int sig = WaitForTerminationSignal();
-    if (sig > 0) spdlog::info("node: signal {}, unmounting", sig);
+    if ((*agent)->HandedOver()) {
+      spdlog::info("node: the mount was handed to a successor; exiting");
+    } else if (sig > 0) {
+      spdlog::info("node: signal {}, unmounting", sig);
+    }
     (*agent)->Stop();
     if (also_stop) also_stop();
   });

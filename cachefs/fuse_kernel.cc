@@ -1,0 +1,680 @@
+#define FUSE_USE_VERSION 312
+#include "cachefs/fuse_kernel.h"
+
+#include <fcntl.h>
+#include <fuse3/fuse_lowlevel.h>
+#include <linux/fuse.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "cachefs/errno.h"
+#include "common/metrics.h"
+
+// Newer than Debian bookworm's linux/fuse.h (protocol 7.38): passthrough is 7.40.
+#ifndef FUSE_PASSTHROUGH
+#define FUSE_PASSTHROUGH (1ULL << 37)
+#endif
+#ifndef FOPEN_PASSTHROUGH
+#define FOPEN_PASSTHROUGH (1 << 7)
+#endif
+
+namespace ember::cachefs {
+namespace {
+
+constexpr uint32_t kOurMinor = 40;        // what we speak: 7.40 (passthrough)
+constexpr uint32_t kMaxPages = 256;       // 1 MiB read requests
+constexpr size_t kRequestBuffer = 1 << 17;  // a request: headers + a name; no writes come
+constexpr size_t kMaxRead = kMaxPages * 4096;
+
+// fuse_init_out and fuse_open_out as of 7.40 (the older header calls the new fields unused).
+struct InitOut {
+  uint32_t major, minor, max_readahead, flags;
+  uint16_t max_background, congestion_threshold;
+  uint32_t max_write, time_gran;
+  uint16_t max_pages, map_alignment;
+  uint32_t flags2, max_stack_depth;
+  uint32_t unused[6];
+};
+static_assert(sizeof(InitOut) == sizeof(fuse_init_out));
+struct OpenOut {
+  uint64_t fh;
+  uint32_t open_flags;
+  int32_t backing_id;
+};
+static_assert(sizeof(OpenOut) == sizeof(fuse_open_out));
+struct BackingMap {
+  int32_t fd;
+  uint32_t flags;
+  uint64_t padding;
+};
+constexpr unsigned long kIocBackingOpen = _IOW(229, 1, BackingMap);
+constexpr unsigned long kIocBackingClose = _IOW(229, 2, uint32_t);
+
+void SplitTimeout(double t, uint64_t* sec, uint32_t* nsec) {
+  double whole = std::floor(t);
+  *sec = static_cast<uint64_t>(whole);
+  *nsec = static_cast<uint32_t>((t - whole) * 1e9);
+}
+
+void FillAttr(const Attr& a, fuse_attr* o) {
+  std::memset(o, 0, sizeof(*o));
+  o->ino = a.ino;
+  o->size = a.size;
+  o->blocks = (a.size + 511) / 512;
+  o->mtime = o->atime = o->ctime = static_cast<uint64_t>(a.mtime_ns / 1'000'000'000);
+  o->mtimensec = o->atimensec = o->ctimensec = static_cast<uint32_t>(a.mtime_ns % 1'000'000'000);
+  o->mode = a.mode;
+  o->nlink = a.nlink;
+  o->uid = a.uid;
+  o->gid = a.gid;
+  o->blksize = 1 << 20;
+}
+
+void FillEntry(const Entry& e, fuse_entry_out* o) {
+  std::memset(o, 0, sizeof(*o));
+  o->nodeid = e.attr.ino;
+  o->generation = 1;
+  SplitTimeout(e.timeout_s, &o->entry_valid, &o->entry_valid_nsec);
+  SplitTimeout(e.timeout_s, &o->attr_valid, &o->attr_valid_nsec);
+  FillAttr(e.attr, &o->attr);
+}
+
+// One reply: the header and up to a few pieces. ENOENT from the write means the request was
+// interrupted meanwhile; nothing to do.
+void Reply(int fd, uint64_t unique, int error, std::initializer_list<iovec> parts) {
+  iovec iov[8];
+  fuse_out_header h;
+  size_t n = 1;
+  h.len = sizeof(h);
+  for (const iovec& p : parts) {
+    if (p.iov_len == 0 || n == 8) continue;
+    iov[n++] = p;
+    h.len += static_cast<uint32_t>(p.iov_len);
+  }
+  h.error = -error;
+  h.unique = unique;
+  iov[0] = {&h, sizeof(h)};
+  if (writev(fd, iov, static_cast<int>(n)) < 0 && errno != ENOENT) {
+    spdlog::debug("fuse: reply to request {} failed: {}", unique, strerror(errno));
+  }
+}
+void ReplyError(int fd, uint64_t unique, int error) { Reply(fd, unique, error, {}); }
+template <typename T>
+void ReplyStruct(int fd, uint64_t unique, const T& body) {
+  Reply(fd, unique, 0, {iovec{const_cast<T*>(&body), sizeof(T)}});
+}
+
+// Per-operation counts and latency, as the libfuse binding reports them (same metric).
+metrics::Histogram* OpHistogram(uint32_t opcode) {
+  static std::mutex mu;
+  static std::map<uint32_t, metrics::Histogram*> by_op;
+  const char* name = nullptr;
+  switch (opcode) {
+    case FUSE_LOOKUP: name = "lookup"; break;
+    case FUSE_GETATTR: name = "getattr"; break;
+    case FUSE_READLINK: name = "readlink"; break;
+    case FUSE_OPEN: name = "open"; break;
+    case FUSE_READ: name = "read"; break;
+    case FUSE_RELEASE: name = "release"; break;
+    case FUSE_OPENDIR: name = "opendir"; break;
+    case FUSE_READDIR: name = "readdir"; break;
+    case FUSE_READDIRPLUS: name = "readdirplus"; break;
+    case FUSE_STATFS: name = "statfs"; break;
+    case FUSE_ACCESS: name = "access"; break;
+    default: return nullptr;
+  }
+  std::lock_guard lock(mu);
+  auto& h = by_op[opcode];
+  if (h == nullptr) {
+    h = metrics::Global().GetHistogram("ember_fuse_request_seconds",
+                                       "FUSE requests by operation, until the reply.",
+                                       {{"op", name}});
+  }
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Mount(FileSystem* fs,
+                                                              const std::string& mountpoint,
+                                                              const MountOptions& options) {
+  std::unique_ptr<KernelFuse> k(new KernelFuse());
+  k->fs_ = fs;
+  k->options_ = options;
+  static const fuse_lowlevel_ops kNoOps = {};  // we read /dev/fuse ourselves
+  auto session = MountSession(mountpoint, options, &kNoOps, nullptr, &k->mountpoint_);
+  if (!session.ok()) return session.status();
+  k->session_ = *session;
+  k->fd_ = fuse_session_fd(k->session_);
+  k->stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  spdlog::info("mount: serving datasets at {} (kernel protocol)", k->mountpoint_);
+  return k;
+}
+
+absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Adopt(FileSystem* fs,
+                                                              KernelFuseState state,
+                                                              const MountOptions& options) {
+  std::unique_ptr<KernelFuse> k(new KernelFuse());
+  k->fs_ = fs;
+  k->options_ = options;
+  k->adopted_ = true;
+  k->fd_ = state.fd;
+  k->mountpoint_ = state.mountpoint;
+  k->proto_minor_ = state.proto_minor;
+  k->passthrough_ = state.passthrough;
+  k->next_fh_ = state.next_fh;
+  k->stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  // Re-derive what the predecessor held: a FileSystem handle per open file, and the pins of
+  // every file the kernel reads through a backing file (they must not be evicted meanwhile).
+  size_t pinned = 0;
+  for (const auto& f : state.open_files) {
+    Open o;
+    o.ino = f.ino;
+    o.passthrough = f.passthrough;
+    Inode& in = k->inodes_[f.ino];
+    if (f.passthrough) {
+      in.passthrough_opens++;
+      auto it = state.backing_ids.find(f.ino);
+      if (it != state.backing_ids.end()) in.backing_id = it->second;
+      if (!in.hold) {
+        auto b = fs->OpenBacking(f.ino);
+        if (b.ok()) {
+          in.hold = b->hold;
+          pinned++;
+        } else {
+          spdlog::error("takeover: cannot pin the blocks of open file (inode {}): {}", f.ino,
+                        std::string(b.status().message()));
+        }
+      }
+    } else {
+      in.cached_opens++;
+      auto h = fs->Open(f.ino, O_RDONLY);
+      if (h.ok()) o.fs_handle = *h;  // else Read rebuilds from the inode
+    }
+    k->opens_[f.fh] = o;
+  }
+  spdlog::info(
+      "mount: took over {} from the previous agent ({} open files, {} in passthrough, pinned)",
+      k->mountpoint_, state.open_files.size(), pinned);
+  return k;
+}
+
+KernelFuse::~KernelFuse() {
+  Stop();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (!quiescing_) {
+      for (auto& [ino, in] : inodes_) CloseBacking(in.backing_id);
+    }
+    for (auto& [fh, o] : opens_) {
+      if (!o.passthrough && o.fs_handle != 0) fs_->Release(o.fs_handle);
+    }
+  }
+  if (session_ != nullptr) {
+    fuse_session_destroy(session_);  // closes fd_
+  } else if (fd_ >= 0) {
+    close(fd_);
+  }
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+bool KernelFuse::HandleInit() {
+  std::vector<char> buf(kRequestBuffer);
+  ssize_t n;
+  do {
+    n = read(fd_, buf.data(), buf.size());
+  } while (n < 0 && (errno == EINTR || errno == EAGAIN));
+  if (n < static_cast<ssize_t>(sizeof(fuse_in_header) + 8)) {
+    spdlog::error("fuse: reading INIT failed: {}", n < 0 ? strerror(errno) : "short message");
+    return false;
+  }
+  const auto* h = reinterpret_cast<const fuse_in_header*>(buf.data());
+  const auto* in = reinterpret_cast<const fuse_init_in*>(buf.data() + sizeof(*h));
+  if (h->opcode != FUSE_INIT) {
+    spdlog::error("fuse: expected INIT, got opcode {}", h->opcode);
+    return false;
+  }
+  if (in->major != 7) {
+    spdlog::error("fuse: kernel speaks protocol {}.{}, we speak 7.x", in->major, in->minor);
+    ReplyError(fd_, h->unique, EPROTO);
+    return false;
+  }
+  uint64_t offered = in->flags;
+  if ((in->flags & FUSE_INIT_EXT) && n >= static_cast<ssize_t>(sizeof(*h) + sizeof(*in))) {
+    offered |= static_cast<uint64_t>(in->flags2) << 32;
+  }
+  uint64_t want = FUSE_ASYNC_READ | FUSE_DO_READDIRPLUS | FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES |
+                  FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT;
+  if (options_.passthrough) want |= FUSE_PASSTHROUGH;
+  uint64_t flags = offered & want;
+  InitOut out;
+  std::memset(&out, 0, sizeof(out));
+  out.major = 7;
+  out.minor = std::min<uint32_t>(in->minor, kOurMinor);
+  out.max_readahead = in->max_readahead;
+  out.flags = static_cast<uint32_t>(flags);
+  out.flags2 = static_cast<uint32_t>(flags >> 32);
+  out.max_background = 64;
+  out.congestion_threshold = 48;
+  out.max_write = 4096;  // read-only: no writes come
+  out.time_gran = 1;
+  out.max_pages = kMaxPages;
+  passthrough_ = (flags & FUSE_PASSTHROUGH) != 0;
+  if (passthrough_) out.max_stack_depth = 1;  // backing files on a plain (unstacked) file system
+  proto_minor_ = out.minor;
+  ReplyStruct(fd_, h->unique, out);
+  if (passthrough_) {
+    spdlog::info("fuse: kernel protocol 7.{}; passthrough on (resident files read by the kernel)",
+                 in->minor);
+  } else if (options_.passthrough) {
+    spdlog::info("fuse: kernel protocol 7.{}; this kernel has no FUSE passthrough, reads go "
+                 "through the daemon",
+                 in->minor);
+  }
+  return true;
+}
+
+void KernelFuse::Run() {
+  if (!adopted_ && !HandleInit()) {
+    unmounted_ = true;
+    std::lock_guard lock(mu_);
+    served_done_ = true;
+    served_cv_.notify_all();
+    return;
+  }
+  const int threads = std::max(1, options_.max_threads);
+  for (int i = 0; i < threads; i++) {
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    uint32_t master = static_cast<uint32_t>(fd_);
+    if (fd < 0 || ioctl(fd, FUSE_DEV_IOC_CLONE, &master) != 0) {
+      if (fd >= 0) close(fd);
+      if (i == 0) {
+        spdlog::warn("fuse: cannot clone /dev/fuse ({}); one fd for all threads", strerror(errno));
+      }
+      fd = dup(fd_);
+    }
+    workers_.emplace_back([this, fd] {
+      Serve(fd);
+      close(fd);
+    });
+  }
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+  if (!quiescing_) unmounted_ = true;
+  std::lock_guard lock(mu_);
+  served_done_ = true;
+  served_cv_.notify_all();
+}
+
+void KernelFuse::Serve(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  std::vector<char> buf(kRequestBuffer);
+  std::vector<char> scratch;
+  pollfd pfds[2] = {{fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+  while (true) {
+    ssize_t n = read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EAGAIN) {
+        if (poll(pfds, 2, -1) < 0 && errno != EINTR) break;
+        if (pfds[1].revents & POLLIN) break;  // Stop() or Quiesce()
+        continue;
+      }
+      if (errno == EINTR || errno == ENOENT) continue;  // ENOENT: an interrupted request
+      if (errno != ENODEV) spdlog::error("fuse: reading /dev/fuse: {}", strerror(errno));
+      break;  // ENODEV: unmounted
+    }
+    Dispatch(fd, buf.data(), static_cast<size_t>(n), &scratch);
+    // Requests still queued stay for the successor (or end with the unmount).
+    if (stopping_ || quiescing_) break;
+  }
+}
+
+void KernelFuse::Dispatch(int fd, const char* msg, size_t len, std::vector<char>* scratch) {
+  if (len < sizeof(fuse_in_header)) return;
+  const auto* h = reinterpret_cast<const fuse_in_header*>(msg);
+  const char* arg = msg + sizeof(*h);
+  const size_t arg_len = std::min<size_t>(len, h->len) - sizeof(*h);
+  const uint64_t u = h->unique;
+  metrics::Timer timer(OpHistogram(h->opcode));
+  auto need = [&](size_t n) {
+    if (arg_len >= n) return true;
+    ReplyError(fd, u, EINVAL);
+    return false;
+  };
+  switch (h->opcode) {
+    case FUSE_LOOKUP: {
+      std::string name(arg, strnlen(arg, arg_len));
+      auto e = fs_->Lookup(h->nodeid, name);
+      fuse_entry_out out;
+      if (!e.ok()) {
+        int err = ToErrno(e.status());
+        if (err == ENOENT && h->nodeid != kRootIno) {
+          // Negative entries are cacheable below the root: manifests never change.
+          std::memset(&out, 0, sizeof(out));
+          out.entry_valid = 3600;
+          ReplyStruct(fd, u, out);
+        } else {
+          ReplyError(fd, u, err);
+        }
+        return;
+      }
+      FillEntry(*e, &out);
+      ReplyStruct(fd, u, out);
+      return;
+    }
+    case FUSE_FORGET:
+    case FUSE_BATCH_FORGET:
+    case FUSE_INTERRUPT:
+      return;  // no reply; inode numbers are stable and requests short
+    case FUSE_GETATTR: {
+      auto e = fs_->GetAttr(h->nodeid);
+      if (!e.ok()) return ReplyError(fd, u, ToErrno(e.status()));
+      fuse_attr_out out;
+      std::memset(&out, 0, sizeof(out));
+      SplitTimeout(e->timeout_s, &out.attr_valid, &out.attr_valid_nsec);
+      FillAttr(e->attr, &out.attr);
+      return ReplyStruct(fd, u, out);
+    }
+    case FUSE_READLINK: {
+      auto t = fs_->ReadLink(h->nodeid);
+      if (!t.ok()) return ReplyError(fd, u, ToErrno(t.status()));
+      return Reply(fd, u, 0, {iovec{t->data(), t->size()}});
+    }
+    case FUSE_OPEN: {
+      if (!need(sizeof(fuse_open_in))) return;
+      const auto* in = reinterpret_cast<const fuse_open_in*>(arg);
+      OpenOut out;
+      std::memset(&out, 0, sizeof(out));
+      int err = OpenFile(h->nodeid, static_cast<int>(in->flags), &out.fh, &out.open_flags,
+                         &out.backing_id);
+      if (err != 0) return ReplyError(fd, u, err);
+      return ReplyStruct(fd, u, out);
+    }
+    case FUSE_READ: {
+      if (!need(sizeof(fuse_read_in))) return;
+      const auto* in = reinterpret_cast<const fuse_read_in*>(arg);
+      uint64_t fs_handle = 0;
+      {
+        std::lock_guard lock(mu_);
+        auto it = opens_.find(in->fh);
+        if (it != opens_.end()) fs_handle = it->second.fs_handle;
+      }
+      auto r = fs_->Read(h->nodeid, fs_handle, in->offset, std::min<size_t>(in->size, kMaxRead));
+      if (!r.ok()) return ReplyError(fd, u, ToErrno(r.status()));
+      // Bytes in memory go out as they are; bytes in cache files are read into a buffer.
+      std::vector<iovec> iov;
+      size_t file_bytes = 0;
+      for (const auto& s : r->segments) {
+        if (s.fd >= 0) file_bytes += s.len;
+      }
+      if (scratch->size() < file_bytes) scratch->resize(std::max(file_bytes, kMaxRead));
+      size_t used = 0;
+      for (const auto& s : r->segments) {
+        if (s.fd >= 0) {
+          char* dst = scratch->data() + used;
+          size_t got = 0;
+          while (got < s.len) {
+            ssize_t k = pread(s.fd, dst + got, s.len - got, static_cast<off_t>(s.pos + got));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) return ReplyError(fd, u, EIO);
+            got += static_cast<size_t>(k);
+          }
+          iov.push_back({dst, s.len});
+          used += s.len;
+        } else {
+          iov.push_back({const_cast<char*>(s.mem->data() + s.mem_off), s.len});
+        }
+      }
+      fuse_out_header oh;
+      oh.len = static_cast<uint32_t>(sizeof(oh) + r->total);
+      oh.error = 0;
+      oh.unique = u;
+      iov.insert(iov.begin(), iovec{&oh, sizeof(oh)});
+      if (writev(fd, iov.data(), static_cast<int>(iov.size())) < 0 && errno != ENOENT) {
+        spdlog::debug("fuse: read reply failed: {}", strerror(errno));
+      }
+      return;  // *r (pins) released here, after the kernel has the bytes
+    }
+    case FUSE_RELEASE: {
+      if (!need(sizeof(fuse_release_in))) return;
+      ReleaseFile(reinterpret_cast<const fuse_release_in*>(arg)->fh);
+      return ReplyError(fd, u, 0);
+    }
+    case FUSE_OPENDIR: {
+      auto e = fs_->GetAttr(h->nodeid);
+      if (!e.ok()) return ReplyError(fd, u, ToErrno(e.status()));
+      if (!S_ISDIR(e->attr.mode)) return ReplyError(fd, u, ENOTDIR);
+      OpenOut out;
+      std::memset(&out, 0, sizeof(out));
+      if (h->nodeid != kRootIno) out.open_flags = FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE;
+      return ReplyStruct(fd, u, out);
+    }
+    case FUSE_READDIR:
+    case FUSE_READDIRPLUS: {
+      if (!need(sizeof(fuse_read_in))) return;
+      const auto* in = reinterpret_cast<const fuse_read_in*>(arg);
+      const bool plus = h->opcode == FUSE_READDIRPLUS;
+      const size_t size = std::min<size_t>(in->size, kMaxRead);
+      if (scratch->size() < size) scratch->resize(std::max(size, kMaxRead));
+      char* buf = scratch->data();
+      size_t used = 0;
+      absl::Status st = fs_->ReadDir(
+          h->nodeid, in->offset, [&](const std::string& name, const Attr& attr, uint64_t next) {
+            size_t rec = plus ? FUSE_DIRENT_ALIGN(FUSE_NAME_OFFSET_DIRENTPLUS + name.size())
+                              : FUSE_DIRENT_ALIGN(FUSE_NAME_OFFSET + name.size());
+            if (used + rec > size) return false;
+            char* p = buf + used;
+            std::memset(p, 0, rec);
+            fuse_dirent* d;
+            if (plus) {
+              auto* dp = reinterpret_cast<fuse_direntplus*>(p);
+              bool dots = name == "." || name == "..";
+              if (attr.complete && !dots) {
+                FillEntry(Entry{attr, 3600}, &dp->entry_out);
+              }  // else nodeid 0: the kernel looks it up itself
+              d = &dp->dirent;
+            } else {
+              d = reinterpret_cast<fuse_dirent*>(p);
+            }
+            d->ino = attr.ino;
+            d->off = next;
+            d->namelen = static_cast<uint32_t>(name.size());
+            d->type = (attr.mode & S_IFMT) >> 12;
+            std::memcpy(d->name, name.data(), name.size());
+            used += rec;
+            return true;
+          });
+      if (!st.ok()) return ReplyError(fd, u, ToErrno(st));
+      return Reply(fd, u, 0, {iovec{buf, used}});
+    }
+    case FUSE_RELEASEDIR:
+      return ReplyError(fd, u, 0);
+    case FUSE_STATFS: {
+      FsStats s = fs_->StatFs();
+      fuse_statfs_out out;
+      std::memset(&out, 0, sizeof(out));
+      out.st.bsize = 4096;
+      out.st.frsize = 4096;
+      out.st.blocks = (s.total_bytes + 4095) / 4096;
+      out.st.files = s.files;
+      out.st.namelen = 255;
+      return ReplyStruct(fd, u, out);
+    }
+    case FUSE_ACCESS: {
+      if (!need(sizeof(fuse_access_in))) return;
+      int mask = static_cast<int>(reinterpret_cast<const fuse_access_in*>(arg)->mask);
+      return ReplyError(fd, u, (mask & W_OK) ? EROFS : 0);
+    }
+    case FUSE_DESTROY:
+      return ReplyError(fd, u, 0);
+    case FUSE_INIT:
+      return ReplyError(fd, u, EPROTO);  // only once, answered by HandleInit
+    case FUSE_SETATTR:
+    case FUSE_SYMLINK:
+    case FUSE_MKNOD:
+    case FUSE_MKDIR:
+    case FUSE_UNLINK:
+    case FUSE_RMDIR:
+    case FUSE_RENAME:
+    case FUSE_RENAME2:
+    case FUSE_LINK:
+    case FUSE_WRITE:
+    case FUSE_CREATE:
+    case FUSE_SETXATTR:
+    case FUSE_REMOVEXATTR:
+    case FUSE_FALLOCATE:
+    case FUSE_TMPFILE:
+      return ReplyError(fd, u, EROFS);
+    default:
+      // FLUSH, FSYNC, GETXATTR, LISTXATTR, LSEEK, POLL, IOCTL, STATX, ...: not implemented; the
+      // kernel remembers and stops asking (or falls back, as for STATX -> GETATTR).
+      return ReplyError(fd, u, ENOSYS);
+  }
+}
+
+int KernelFuse::OpenFile(uint64_t ino, int flags, uint64_t* fh, uint32_t* open_flags,
+                         int32_t* backing_id) {
+  auto h = fs_->Open(ino, flags);
+  if (!h.ok()) return ToErrno(h.status());
+  // Passthrough while no open file of this inode goes through us (the kernel refuses to mix the
+  // two on one inode), and only for files whose blocks are all resident (then pinned). Pinning
+  // (and verifying after a restart) happens outside the lock.
+  bool try_backing;
+  {
+    std::lock_guard lock(mu_);
+    const Inode& in = inodes_[ino];
+    try_backing = passthrough_ && in.cached_opens == 0 && in.backing_id == 0;
+  }
+  absl::StatusOr<FileSystem::Backing> backing = absl::NotFoundError("not tried");
+  if (try_backing) backing = fs_->OpenBacking(ino);
+  std::lock_guard lock(mu_);
+  Inode& in = inodes_[ino];
+  Open o;
+  o.ino = ino;
+  if (passthrough_ && in.cached_opens == 0) {
+    if (in.backing_id == 0 && backing.ok()) {
+      BackingMap map{backing->fd, 0, 0};
+      int id = ioctl(fd_, kIocBackingOpen, &map);
+      if (id > 0) {
+        in.backing_id = id;
+        in.hold = backing->hold;
+      } else {
+        spdlog::warn("fuse: passthrough unavailable ({}); reads go through the daemon",
+                     strerror(errno));
+        passthrough_ = false;
+      }
+    }
+    if (in.backing_id > 0) {
+      o.passthrough = true;
+      in.passthrough_opens++;
+      *open_flags = FOPEN_PASSTHROUGH;
+      *backing_id = in.backing_id;
+    }
+  }
+  if (!o.passthrough) {
+    in.cached_opens++;
+    *open_flags = FOPEN_KEEP_CACHE;  // contents never change: later opens keep the page cache
+    o.fs_handle = *h;
+    daemon_opens_++;
+  } else {
+    fs_->Release(*h);  // the kernel reads the backing file; no handle needed here
+    passthrough_opens_++;
+  }
+  *fh = next_fh_++;
+  opens_[*fh] = o;
+  return 0;
+}
+
+void KernelFuse::ReleaseFile(uint64_t fh) {
+  std::shared_ptr<const void> unpin;  // released outside the lock
+  std::lock_guard lock(mu_);
+  auto it = opens_.find(fh);
+  if (it == opens_.end()) return;
+  Open o = it->second;
+  opens_.erase(it);
+  auto in = inodes_.find(o.ino);
+  if (!o.passthrough && o.fs_handle != 0) fs_->Release(o.fs_handle);
+  if (in == inodes_.end()) return;
+  if (o.passthrough) {
+    if (--in->second.passthrough_opens == 0) {
+      CloseBacking(in->second.backing_id);
+      unpin = std::move(in->second.hold);
+      in->second.backing_id = 0;
+    }
+  } else if (in->second.cached_opens > 0) {
+    in->second.cached_opens--;
+  }
+  if (in->second.passthrough_opens == 0 && in->second.cached_opens == 0) inodes_.erase(in);
+}
+
+void KernelFuse::CloseBacking(int32_t id) {
+  if (id <= 0) return;
+  uint32_t v = static_cast<uint32_t>(id);
+  if (ioctl(fd_, kIocBackingClose, &v) != 0) {
+    spdlog::debug("fuse: closing backing id {}: {}", id, strerror(errno));
+  }
+}
+
+void KernelFuse::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (stop_fd_ >= 0) {
+    uint64_t one = 1;
+    (void)!write(stop_fd_, &one, sizeof(one));
+  }
+  if (!quiescing_ && !unmounted_) {
+    LazyUnmount(mountpoint_);  // also wakes threads blocked on /dev/fuse
+    spdlog::info("mount: unmounted {}", mountpoint_);
+  }
+}
+
+KernelFuseState KernelFuse::Quiesce() {
+  quiescing_ = true;
+  uint64_t one = 1;
+  (void)!write(stop_fd_, &one, sizeof(one));
+  {
+    // Run() ends once every worker has answered what it took.
+    std::unique_lock lock(mu_);
+    served_cv_.wait(lock, [&] { return served_done_; });
+  }
+  KernelFuseState s;
+  s.fd = dup(fd_);
+  s.mountpoint = mountpoint_;
+  s.proto_minor = proto_minor_;
+  s.passthrough = passthrough_;
+  std::lock_guard lock(mu_);
+  s.next_fh = next_fh_;
+  for (const auto& [fh, o] : opens_) s.open_files.push_back({fh, o.ino, o.passthrough});
+  for (const auto& [ino, in] : inodes_) {
+    if (in.backing_id > 0) s.backing_ids[ino] = in.backing_id;
+  }
+  return s;
+}
+
+KernelFuse::Stats KernelFuse::GetStats() {
+  Stats s;
+  s.passthrough = passthrough_;
+  s.passthrough_opens = passthrough_opens_;
+  s.daemon_opens = daemon_opens_;
+  std::lock_guard lock(mu_);
+  for (const auto& [ino, in] : inodes_) {
+    if (in.backing_id > 0) s.passthrough_files_open++;
+  }
+  return s;
+}
+
+}  // namespace ember::cachefs
