@@ -33,11 +33,14 @@ uint64_t FrequencySketch::Index(uint64_t hash, int row) const {
 void FrequencySketch::Increment(uint64_t hash) {
   // Conservative update: only the smallest counters grow, which keeps estimates tight.
   uint32_t est = Estimate(hash);
-  if (est >= 15) return;
-  for (int r = 0; r < 4; r++) {
-    uint8_t& c = counters_[Index(hash, r)];
-    if (c == est) c++;
+  if (est < 15) {
+    for (int r = 0; r < 4; r++) {
+      uint8_t& c = counters_[Index(hash, r)];
+      if (c == est) c++;
+    }
   }
+  // Every access ticks the aging clock, also of saturated keys: otherwise a cache whose blocks
+  // all reached the maximum would never age and never admit a new working set.
   if (++additions_ >= sample_size_) {
     for (auto& c : counters_) c >>= 1;
     additions_ /= 2;

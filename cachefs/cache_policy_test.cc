@@ -20,6 +20,18 @@ TEST(FrequencySketchTest, CountsAndAges) {
   EXPECT_LT(s.Estimate(7), 15u);
 }
 
+// A small cache whose few blocks all saturated (every read request counts an access) must still
+// age: a new working set read as often must eventually outrank the old one.
+TEST(FrequencySketchTest, SaturatedKeysStillAge) {
+  FrequencySketch s(16);
+  for (uint64_t k = 1; k <= 4; k++) {
+    for (int i = 0; i < 40; i++) s.Increment(k);
+  }
+  EXPECT_EQ(s.Estimate(1), 15u);
+  for (int i = 0; i < 2000; i++) s.Increment(5);  // one hot key, saturated after 15
+  EXPECT_LT(s.Estimate(1), 8u);
+}
+
 // Repeated full scans of a dataset 1.5x the cache: plain LRU would hit 0% from the second scan
 // on; this policy keeps the resident set and hits on about 2/3 of reads.
 TEST(CachePolicyTest, RepeatedScansLargerThanCacheStillHit) {

@@ -33,8 +33,8 @@
 namespace ember::cachefs {
 namespace {
 
-constexpr uint32_t kOurMinor = 40;        // what we speak: 7.40 (passthrough)
-constexpr uint32_t kMaxPages = 256;       // 1 MiB read requests
+constexpr uint32_t kOurMinor = 40;          // what we speak: 7.40 (passthrough)
+constexpr uint32_t kMaxPages = 256;         // 1 MiB read requests
 constexpr size_t kRequestBuffer = 1 << 17;  // a request: headers + a name; no writes come
 constexpr size_t kMaxRead = kMaxPages * 4096;
 
@@ -122,18 +122,41 @@ metrics::Histogram* OpHistogram(uint32_t opcode) {
   static std::map<uint32_t, metrics::Histogram*> by_op;
   const char* name = nullptr;
   switch (opcode) {
-    case FUSE_LOOKUP: name = "lookup"; break;
-    case FUSE_GETATTR: name = "getattr"; break;
-    case FUSE_READLINK: name = "readlink"; break;
-    case FUSE_OPEN: name = "open"; break;
-    case FUSE_READ: name = "read"; break;
-    case FUSE_RELEASE: name = "release"; break;
-    case FUSE_OPENDIR: name = "opendir"; break;
-    case FUSE_READDIR: name = "readdir"; break;
-    case FUSE_READDIRPLUS: name = "readdirplus"; break;
-    case FUSE_STATFS: name = "statfs"; break;
-    case FUSE_ACCESS: name = "access"; break;
-    default: return nullptr;
+    case FUSE_LOOKUP:
+      name = "lookup";
+      break;
+    case FUSE_GETATTR:
+      name = "getattr";
+      break;
+    case FUSE_READLINK:
+      name = "readlink";
+      break;
+    case FUSE_OPEN:
+      name = "open";
+      break;
+    case FUSE_READ:
+      name = "read";
+      break;
+    case FUSE_RELEASE:
+      name = "release";
+      break;
+    case FUSE_OPENDIR:
+      name = "opendir";
+      break;
+    case FUSE_READDIR:
+      name = "readdir";
+      break;
+    case FUSE_READDIRPLUS:
+      name = "readdirplus";
+      break;
+    case FUSE_STATFS:
+      name = "statfs";
+      break;
+    case FUSE_ACCESS:
+      name = "access";
+      break;
+    default:
+      return nullptr;
   }
   std::lock_guard lock(mu);
   auto& h = by_op[opcode];
@@ -163,8 +186,7 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Mount(FileSystem* fs,
   return k;
 }
 
-absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Adopt(FileSystem* fs,
-                                                              KernelFuseState state,
+absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Adopt(FileSystem* fs, KernelFuseState state,
                                                               const MountOptions& options) {
   std::unique_ptr<KernelFuse> k(new KernelFuse());
   k->fs_ = fs;
@@ -282,9 +304,10 @@ bool KernelFuse::HandleInit() {
     spdlog::info("fuse: kernel protocol 7.{}; passthrough on (resident files read by the kernel)",
                  in->minor);
   } else if (options_.passthrough) {
-    spdlog::info("fuse: kernel protocol 7.{}; this kernel has no FUSE passthrough, reads go "
-                 "through the daemon",
-                 in->minor);
+    spdlog::info(
+        "fuse: kernel protocol 7.{}; this kernel has no FUSE passthrough, reads go "
+        "through the daemon",
+        in->minor);
   }
   return true;
 }
@@ -315,7 +338,7 @@ void KernelFuse::Run() {
   }
   for (auto& t : workers_) t.join();
   workers_.clear();
-  if (!quiescing_) unmounted_ = true;
+  if (!quiescing_ && !stopping_) unmounted_ = true;  // unmounted from outside
   std::lock_guard lock(mu_);
   served_done_ = true;
   served_cv_.notify_all();
@@ -632,13 +655,13 @@ void KernelFuse::CloseBacking(int32_t id) {
 
 void KernelFuse::Stop() {
   if (stopping_.exchange(true)) return;
+  if (!quiescing_ && !unmounted_) {
+    LazyUnmount(mountpoint_);
+    spdlog::info("mount: unmounted {}", mountpoint_);
+  }
   if (stop_fd_ >= 0) {
     uint64_t one = 1;
     (void)!write(stop_fd_, &one, sizeof(one));
-  }
-  if (!quiescing_ && !unmounted_) {
-    LazyUnmount(mountpoint_);  // also wakes threads blocked on /dev/fuse
-    spdlog::info("mount: unmounted {}", mountpoint_);
   }
 }
 

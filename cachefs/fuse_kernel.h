@@ -79,9 +79,9 @@ class KernelFuse final : public MountBinding {
  private:
   struct Inode {
     int32_t backing_id = 0;
-    uint32_t passthrough_opens = 0;     // open files reading through the backing file
-    uint32_t cached_opens = 0;          // open files served by this process
-    std::shared_ptr<const void> hold;   // pins of the file's blocks while backing_id is set
+    uint32_t passthrough_opens = 0;    // open files reading through the backing file
+    uint32_t cached_opens = 0;         // open files served by this process
+    std::shared_ptr<const void> hold;  // pins of the file's blocks while backing_id is set
   };
   struct Open {
     uint64_t ino = 0;
@@ -116,7 +116,7 @@ class KernelFuse final : public MountBinding {
   bool served_done_ = false;  // GUARDED_BY(mu_): Run() has ended
 
   std::mutex mu_;
-  std::unordered_map<uint64_t, Open> opens_;  // GUARDED_BY(mu_), by fh
+  std::unordered_map<uint64_t, Open> opens_;    // GUARDED_BY(mu_), by fh
   std::unordered_map<uint64_t, Inode> inodes_;  // GUARDED_BY(mu_), files with open handles
   uint64_t next_fh_ = 1;                        // GUARDED_BY(mu_)
   std::atomic<uint64_t> passthrough_opens_{0}, daemon_opens_{0};

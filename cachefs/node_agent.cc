@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     a->options_.node_id = host;
   }
   if (options.fuse_binding != "kernel" && options.fuse_binding != "libfuse") {
-    return absl::InvalidArgumentError(absl::StrCat("--fuse-binding '", options.fuse_binding,
-                                                   "': use kernel or libfuse"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fuse-binding '", options.fuse_binding, "': use kernel or libfuse"));
   }
   // Take over a running agent's mount first: it keeps serving while this process starts, and
   // hands over once it has closed the cache and freed its ports.
@@ -76,8 +76,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     } else if (absl::IsNotFound(st.status())) {
       spdlog::info("node: --takeover: {}; mounting afresh", std::string(st.status().message()));
     } else {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--takeover: ", st.status().message()));
+      return absl::FailedPreconditionError(absl::StrCat("--takeover: ", st.status().message()));
     }
   }
   // Check the mountpoint before touching anything else.
@@ -253,9 +252,9 @@ absl::Status NodeAgent::StartMetrics() {
 NodeAgent::~NodeAgent() {
   Stop();
   if (background_.joinable()) background_.join();
-  for (const char* prefix : {"ember_cache_", "ember_read_", "ember_origin_block_reads",
-                             "ember_checksum_failures", "ember_peer_fetches", "ember_fuse_opens",
-                             "ember_fuse_passthrough"}) {
+  for (const char* prefix :
+       {"ember_cache_", "ember_read_", "ember_origin_block_reads", "ember_checksum_failures",
+        "ember_peer_fetches", "ember_fuse_opens", "ember_fuse_passthrough"}) {
     metrics::Global().RemoveCallbacks(prefix);  // they point at this agent
   }
   if (http_) http_->stop();
@@ -279,8 +278,7 @@ NodeAgent::~NodeAgent() {
     if (st.ok()) {
       spdlog::info("takeover: mount {} handed over", handover_.mountpoint);
     } else {
-      spdlog::error("takeover: {}; the mount ends with this process",
-                    std::string(st.message()));
+      spdlog::error("takeover: {}; the mount ends with this process", std::string(st.message()));
     }
     close(handover_.fd);
   }

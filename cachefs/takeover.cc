@@ -86,9 +86,7 @@ absl::StatusOr<KernelFuseState> FromJson(const std::string& text) {
 
 }  // namespace
 
-std::string TakeoverSocketPath(const std::string& cache_dir) {
-  return cache_dir + "/agent.sock";
-}
+std::string TakeoverSocketPath(const std::string& cache_dir) { return cache_dir + "/agent.sock"; }
 
 absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
                                                 std::chrono::milliseconds timeout) {

@@ -31,10 +31,9 @@ void AddStatusCommand(CLI::App& app) {
     }
     std::cout << "meta " << client.address() << ": " << nodes->size() << " node(s)\n";
     if (nodes->empty()) return;
-    std::vector<std::vector<std::string>> rows{{"NODE", "ADDRESS", "STATE", "LABELS", "GPUS",
-                                                "CAPACITY", "USED", "BLOCKS", "HITS", "MISSES",
-                                                "FROM-CACHE", "FROM-PEERS", "FROM-ORIGIN",
-                                                "PASSTHROUGH"}};
+    std::vector<std::vector<std::string>> rows{
+        {"NODE", "ADDRESS", "STATE", "LABELS", "GPUS", "CAPACITY", "USED", "BLOCKS", "HITS",
+         "MISSES", "FROM-CACHE", "FROM-PEERS", "FROM-ORIGIN", "PASSTHROUGH"}};
     for (const auto& n : *nodes) {
       std::vector<std::string> labels;
       for (const auto& [k, v] : n.labels()) labels.push_back(absl::StrCat(k, "=", v));
@@ -46,10 +45,10 @@ void AddStatusCommand(CLI::App& app) {
                       std::to_string(s.resident_blocks()), std::to_string(s.hits()),
                       std::to_string(s.misses()), FormatBytes(s.bytes_from_cache()),
                       FormatBytes(s.bytes_from_peers()), FormatBytes(s.bytes_from_origin()),
-                      s.passthrough() ? absl::StrCat(s.passthrough_opens(), " of ",
-                                                     s.passthrough_opens() + s.daemon_opens(),
-                                                     " opens")
-                                      : (s.fuse_binding().empty() ? "-" : "off")});
+                      s.passthrough()
+                          ? absl::StrCat(s.passthrough_opens(), " of ",
+                                         s.passthrough_opens() + s.daemon_opens(), " opens")
+                          : (s.fuse_binding().empty() ? "-" : "off")});
     }
     PrintTable(rows);
   });

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -104,7 +105,7 @@ bool NodeProcess::Start() {
   return false;
 }
 
-bool NodeProcess::StartOnce() {
+std::vector<std::string> NodeProcess::Argv() const {
   std::vector<std::string> argv{EMBER_BINARY,   "node",
                                 "--meta",       meta_,
                                 "--listen",     absl::StrCat(options_.listen_host, ":", port_),
@@ -113,7 +114,36 @@ bool NodeProcess::StartOnce() {
                                 "--mount",      mount_,
                                 "--node-id",    options_.id};
   argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
-  process_ = std::make_unique<Process>(argv, absl::StrCat(dir_, "/node-", starts_++));
+  // The mount suite runs once per FUSE binding (tests/CMakeLists.txt sets this).
+  if (const char* b = std::getenv("EMBER_TEST_FUSE_BINDING"); b != nullptr && *b != '\0') {
+    argv.push_back("--fuse-binding");
+    argv.push_back(b);
+  }
+  return argv;
+}
+
+bool NodeProcess::Takeover() {
+  std::vector<std::string> argv = Argv();
+  argv.push_back("--takeover");
+  auto next = std::make_unique<Process>(argv, absl::StrCat(dir_, "/node-", starts_++));
+  bool took = WaitFor(
+      [&] {
+        return (next->Stdout() + next->Stderr()).find("took over") != std::string::npos ||
+               !next->Running();
+      },
+      std::chrono::seconds(30));
+  if (!took || !next->Running()) {
+    ADD_FAILURE() << "successor did not take over: " << next->Stdout() << next->Stderr();
+    return false;
+  }
+  int code = process_->Wait(std::chrono::seconds(20));
+  if (code != 0) ADD_FAILURE() << "predecessor exited with " << code << ": " << Log();
+  process_ = std::move(next);
+  return code == 0 && IsMounted(mount_);
+}
+
+bool NodeProcess::StartOnce() {
+  process_ = std::make_unique<Process>(Argv(), absl::StrCat(dir_, "/node-", starts_++));
   // Mounted by this process (an old stale mount may still be listed until it is cleaned up).
   bool up = WaitFor(
       [&] {
@@ -135,22 +165,38 @@ void NodeProcess::Kill(int sig) {
   if (sig == SIGKILL) process_->Wait(std::chrono::seconds(10));
 }
 
-rpc::NodeStats NodeProcess::Stats(meta::MetaClient& client) {
+namespace {
+// The node's stats as meta last heard them; false if meta did not answer or does not list it.
+bool FindStats(meta::MetaClient& client, const std::string& id, rpc::NodeStats* out) {
   auto nodes = client.ListNodes();
-  if (!nodes.ok()) return rpc::NodeStats();
+  if (!nodes.ok()) return false;
   for (const auto& n : *nodes) {
-    if (n.id() == options_.id) return n.stats();
+    if (n.id() == id) {
+      *out = n.stats();
+      return true;
+    }
   }
-  return rpc::NodeStats();
+  return false;
+}
+}  // namespace
+
+rpc::NodeStats NodeProcess::Stats(meta::MetaClient& client) {
+  rpc::NodeStats s;
+  FindStats(client, options_.id, &s);
+  return s;
 }
 
 rpc::NodeStats NodeProcess::SettledStats(meta::MetaClient& client, std::chrono::milliseconds poll) {
+  // Two answers `poll` apart that agree (an unanswered poll, e.g. meta busy, does not count).
   rpc::NodeStats prev;
+  bool have_prev = false;
   for (int i = 0; i < 50; i++) {
     std::this_thread::sleep_for(poll);
-    rpc::NodeStats s = Stats(client);
-    if (i > 0 && s.SerializeAsString() == prev.SerializeAsString()) return s;
+    rpc::NodeStats s;
+    if (!FindStats(client, options_.id, &s)) continue;
+    if (have_prev && s.SerializeAsString() == prev.SerializeAsString()) return s;
     prev = s;
+    have_prev = true;
   }
   return prev;
 }

@@ -59,6 +59,9 @@ class NodeProcess {
   bool Start();
   // SIGTERM and wait; true if it exited cleanly and the mount is gone.
   bool Stop();
+  // Starts a successor with the same flags plus --takeover; true once it serves the mount and
+  // the predecessor has exited cleanly (the mount never went away).
+  bool Takeover();
   void Kill(int sig);
   // Stats as last heartbeated to meta (fresh within a heartbeat interval).
   rpc::NodeStats Stats(meta::MetaClient& client);
@@ -68,6 +71,7 @@ class NodeProcess {
 
  private:
   bool StartOnce();
+  std::vector<std::string> Argv() const;
   std::string dir_, meta_, mount_, cache_dir_;
   Options options_;
   int port_ = 0, starts_ = 0;

@@ -1,0 +1,325 @@
+// The kernel-protocol FUSE binding's own features, through real `ember meta` / `ember node`
+// processes and a real mount: passthrough of wholly resident files (never of partial ones, and
+// never evicted while open) and takeover of a live mount by a successor process.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/testing.h"
+
+namespace ember {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::MetaProcess;
+using testing::NodeProcess;
+using testing::ReadFile;
+using testing::ReadUncached;
+using testing::RunEmber;
+using testing::TempDir;
+using testing::WriteRandomFile;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// Reads a whole open file with pread, from the start.
+std::string PreadAll(int fd, size_t size) {
+  std::string out(size, '\0');
+  size_t got = 0;
+  while (got < size) {
+    ssize_t n = pread(fd, out.data() + got, size - got, static_cast<off_t>(got));
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+class PassthroughTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const char* b = std::getenv("EMBER_TEST_FUSE_BINDING"); b && std::string(b) == "libfuse") {
+      GTEST_SKIP() << "passthrough and takeover are features of the kernel binding";
+    }
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "900ms");
+    origin_ = dir_.Sub("origin");
+    fs::create_directories(origin_);
+  }
+
+  testing::RunResult Ember(std::vector<std::string> args) {
+    args.push_back("--meta");
+    args.push_back(meta_->address());
+    auto r = RunEmber(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r;
+  }
+  std::unique_ptr<NodeProcess> StartNode(NodeProcess::Options o = {}) {
+    auto n = std::make_unique<NodeProcess>(dir_.Sub("node"), meta_->address(), o);
+    EXPECT_TRUE(n->Start());
+    return n;
+  }
+  rpc::NodeStats Settled(NodeProcess& n) {
+    return n.SettledStats(meta_->client(), std::chrono::milliseconds(400));
+  }
+
+  TempDir dir_;
+  std::unique_ptr<MetaProcess> meta_;
+  std::string origin_;
+};
+
+TEST_F(PassthroughTest, ResidentFilesArePassedThroughPartialOnesAreNot) {
+  WriteRandomFile(origin_ + "/full.bin", 20 * kMiB + 5, 1);
+  WriteRandomFile(origin_ + "/partial.bin", 20 * kMiB, 2);
+  Ember({"dataset", "add", "ds", origin_});
+  NodeProcess::Options o;
+  o.extra_args = {"--readahead", "0"};  // a 4 MiB read makes exactly one block resident
+  auto node = StartNode(o);
+  const std::string mnt = node->mount() + "/ds";
+
+  // First read fills every block of full.bin (through the daemon: nothing is resident yet).
+  ASSERT_EQ(ReadUncached(mnt + "/full.bin"), ReadFile(origin_ + "/full.bin"));
+  // Only the first block of partial.bin.
+  int err = 0;
+  std::string head = testing::PreadUncached(mnt + "/partial.bin", 0, 4 * kMiB, &err);
+  ASSERT_EQ(err, 0);
+  ASSERT_EQ(head, ReadFile(origin_ + "/partial.bin").substr(0, 4 * kMiB));
+  rpc::NodeStats before = Settled(*node);
+  EXPECT_TRUE(before.passthrough()) << node->Log();
+  EXPECT_EQ(before.fuse_binding(), "kernel");
+
+  // Wholly resident: the kernel reads the cache file; the daemon sees the open, not the reads.
+  ASSERT_EQ(ReadUncached(mnt + "/full.bin"), ReadFile(origin_ + "/full.bin"));
+  rpc::NodeStats after_full = Settled(*node);
+  EXPECT_EQ(after_full.passthrough_opens(), before.passthrough_opens() + 1);
+  EXPECT_EQ(after_full.bytes_from_cache(), before.bytes_from_cache());
+  EXPECT_EQ(after_full.bytes_from_origin(), before.bytes_from_origin());
+
+  // Partially resident: through the daemon (cache + origin), never passthrough.
+  ASSERT_EQ(ReadUncached(mnt + "/partial.bin"), ReadFile(origin_ + "/partial.bin"));
+  rpc::NodeStats after_partial = Settled(*node);
+  EXPECT_EQ(after_partial.passthrough_opens(), after_full.passthrough_opens());
+  EXPECT_EQ(after_partial.daemon_opens(), after_full.daemon_opens() + 1);
+  EXPECT_GE(after_partial.bytes_from_cache(), after_full.bytes_from_cache() + 4 * kMiB);
+  // (The kernel's own readahead may have filled a second block before.)
+  EXPECT_GE(after_partial.bytes_from_origin(), after_full.bytes_from_origin() + 8 * kMiB);
+
+  // Now resident too: the next open is passed through. `ember status` shows the count.
+  ASSERT_EQ(ReadUncached(mnt + "/partial.bin"), ReadFile(origin_ + "/partial.bin"));
+  rpc::NodeStats last = Settled(*node);
+  EXPECT_EQ(last.passthrough_opens(), after_partial.passthrough_opens() + 1);
+  auto st = Ember({"status"});
+  EXPECT_NE(st.out.find(absl::StrCat(last.passthrough_opens(), " of ",
+                                     last.passthrough_opens() + last.daemon_opens(), " opens")),
+            std::string::npos)
+      << st.out;
+  EXPECT_TRUE(node->Stop()) << node->Log();
+}
+
+TEST_F(PassthroughTest, NoPassthroughFlagServesEverythingThroughTheDaemon) {
+  WriteRandomFile(origin_ + "/f.bin", 9 * kMiB, 3);
+  Ember({"dataset", "add", "ds", origin_});
+  NodeProcess::Options o;
+  o.extra_args = {"--no-passthrough"};
+  auto node = StartNode(o);
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ(ReadUncached(node->mount() + "/ds/f.bin"), ReadFile(origin_ + "/f.bin"));
+  }
+  rpc::NodeStats s = Settled(*node);
+  EXPECT_FALSE(s.passthrough());
+  EXPECT_EQ(s.passthrough_opens(), 0u);
+  EXPECT_GE(s.bytes_from_cache(), 9 * kMiB);
+}
+
+TEST_F(PassthroughTest, EvictionNeverPunchesAFileOpenInPassthrough) {
+  // A 28 MiB cache: the open file holds 16 MiB of it, two more 16 MiB files churn the rest.
+  WriteRandomFile(origin_ + "/held.bin", 16 * kMiB - 4096, 10);  // a size no other file has
+  for (int i = 0; i < 2; i++)
+    WriteRandomFile(absl::StrCat(origin_, "/churn-", i), 16 * kMiB, 20 + i);
+  Ember({"dataset", "add", "ds", origin_});
+  NodeProcess::Options o;
+  o.cache_size = "28MiB";
+  auto node = StartNode(o);
+  const std::string mnt = node->mount() + "/ds";
+  const std::string want = ReadFile(origin_ + "/held.bin");
+  ASSERT_EQ(ReadUncached(mnt + "/held.bin"), want);
+  rpc::NodeStats before = Settled(*node);
+
+  int fd = open((mnt + "/held.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  rpc::NodeStats opened = Settled(*node);
+  ASSERT_EQ(opened.passthrough_opens(), before.passthrough_opens() + 1);
+  EXPECT_EQ(opened.passthrough_files_open(), 1u);
+  // Pressure: the churn files never fit beside the held file, so they are read through the
+  // daemon every time; churn-1 read more often than churn-0 is hot enough (cache_policy.h) to
+  // evict: the least recently used and coldest blocks first, which the held file's would be
+  // were they not pinned.
+  for (int i = 0; i < 2; i++) {
+    for (int round = 0; round < (i == 0 ? 3 : 8); round++) {
+      std::string name = absl::StrCat("/churn-", i);
+      ASSERT_EQ(ReadUncached(mnt + name), ReadFile(origin_ + name));
+    }
+  }
+  rpc::NodeStats churned = Settled(*node);
+  EXPECT_GT(churned.evictions(), before.evictions())
+      << "no evictions: the test would prove nothing; not admitted " << churned.not_admitted()
+      << ", used " << churned.used_bytes() << ", hits " << churned.hits() << ", misses "
+      << churned.misses();
+  EXPECT_LE(churned.used_bytes(), 28 * kMiB);
+  // No range of the held file's cache file was punched (its blocks are all still allocated)...
+  uint64_t held_allocated = 0;
+  for (auto& e : fs::recursive_directory_iterator(node->cache_dir() + "/blocks")) {
+    struct stat st;
+    if (e.is_regular_file() && stat(e.path().c_str(), &st) == 0 &&
+        static_cast<uint64_t>(st.st_size) == want.size()) {
+      held_allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  EXPECT_GE(held_allocated, want.size()) << "the held file's cache file was punched";
+  // ...and the open file still reads right through its backing file (a hole would read zeros).
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  EXPECT_TRUE(PreadAll(fd, want.size()) == want);
+  close(fd);
+  // Released: its blocks are ordinary cache blocks again (evictable); the mount still works.
+  rpc::NodeStats closed = Settled(*node);
+  EXPECT_EQ(closed.passthrough_files_open(), 0u);
+  for (int i = 0; i < 2; i++) {
+    std::string name = absl::StrCat("/churn-", i);
+    ASSERT_EQ(ReadUncached(mnt + name), ReadFile(origin_ + name));
+  }
+  EXPECT_EQ(ReadUncached(mnt + "/held.bin"), want);
+}
+
+TEST_F(PassthroughTest, TakeoverUnderEightReadersLosesNoRead) {
+  // Resident files (passthrough), a file larger than the cache share it gets (daemon reads that
+  // fill from the origin), and a file kept open across every takeover.
+  constexpr int kFiles = 6;
+  for (int i = 0; i < kFiles; i++) {
+    WriteRandomFile(absl::StrCat(origin_, "/f", i), (3 + i) * kMiB + i, 40 + i);
+  }
+  WriteRandomFile(origin_ + "/kept-open.bin", 10 * kMiB, 99);
+  Ember({"dataset", "add", "ds", origin_});
+  auto node = StartNode();
+  const std::string mnt = node->mount() + "/ds";
+  std::vector<std::string> want;
+  for (int i = 0; i < kFiles; i++) want.push_back(ReadFile(absl::StrCat(origin_, "/f", i)));
+  const std::string kept_want = ReadFile(origin_ + "/kept-open.bin");
+  // Half the files resident before the readers start; the rest fill while takeovers happen.
+  for (int i = 0; i < kFiles / 2; i++) ASSERT_EQ(ReadUncached(absl::StrCat(mnt, "/f", i)), want[i]);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, failed{0}, wrong{0};
+  std::atomic<int64_t> max_stall_us{0};
+  auto note_latency = [&](std::chrono::steady_clock::time_point t0) {
+    int64_t us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    int64_t prev = max_stall_us.load();
+    while (us > prev && !max_stall_us.compare_exchange_weak(prev, us)) {
+    }
+  };
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 7; t++) {
+    readers.emplace_back([&, t] {
+      for (int k = 0; !stop; k++) {
+        int i = (t + k) % kFiles;
+        auto t0 = std::chrono::steady_clock::now();
+        std::string path = absl::StrCat(mnt, "/f", i);
+        int fd = open(path.c_str(), O_RDONLY);
+        if (fd < 0) {
+          failed++;
+          continue;
+        }
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        std::string got = PreadAll(fd, want[i].size() + 1);
+        close(fd);
+        note_latency(t0);
+        reads++;
+        if (got.size() != want[i].size()) {
+          failed++;
+        } else if (got != want[i]) {
+          wrong++;
+        }
+      }
+    });
+  }
+  // The eighth reader keeps one file open through every takeover, re-reading it.
+  readers.emplace_back([&] {
+    int fd = open((mnt + "/kept-open.bin").c_str(), O_RDONLY);
+    if (fd < 0) {
+      failed++;
+      return;
+    }
+    while (!stop) {
+      auto t0 = std::chrono::steady_clock::now();
+      posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      std::string got = PreadAll(fd, kept_want.size());
+      note_latency(t0);
+      reads++;
+      if (got.size() != kept_want.size()) {
+        failed++;
+      } else if (got != kept_want) {
+        wrong++;
+      }
+    }
+    close(fd);
+  });
+
+  for (int round = 0; round < 5; round++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    int before = reads;
+    ASSERT_TRUE(node->Takeover()) << "takeover " << round;
+    std::printf("takeover %d: done, %d reads so far\n", round + 1, before);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  stop = true;
+  for (auto& t : readers) t.join();
+  std::printf("takeover x5 under 8 readers: %d reads, %d failed, %d wrong, longest read %.1f ms\n",
+              reads.load(), failed.load(), wrong.load(), max_stall_us.load() / 1000.0);
+  EXPECT_GT(reads, 5 * 8);
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(wrong, 0);
+  // The last successor serves new opens, fills and stats as any agent.
+  for (int i = 0; i < kFiles; i++) EXPECT_EQ(ReadUncached(absl::StrCat(mnt, "/f", i)), want[i]);
+  rpc::NodeStats s = Settled(*node);
+  EXPECT_TRUE(s.passthrough());
+  EXPECT_TRUE(node->Stop()) << node->Log();
+}
+
+TEST_F(PassthroughTest, TakeoverWithoutARunningAgentMountsAfresh) {
+  WriteRandomFile(origin_ + "/f.bin", kMiB, 5);
+  Ember({"dataset", "add", "ds", origin_});
+  NodeProcess::Options o;
+  o.extra_args = {"--takeover"};
+  auto node = StartNode(o);
+  EXPECT_NE(node->Log().find("mounting afresh"), std::string::npos) << node->Log();
+  EXPECT_EQ(ReadUncached(node->mount() + "/ds/f.bin"), ReadFile(origin_ + "/f.bin"));
+  // A stray connection to the takeover socket that is not a successor changes nothing.
+  {
+    int c = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::string path = node->cache_dir() + "/agent.sock";
+    std::memcpy(a.sun_path, path.data(), path.size());
+    ASSERT_EQ(connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+    ASSERT_EQ(write(c, "hello there\n", 12), 12);
+    close(c);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(ReadUncached(node->mount() + "/ds/f.bin"), ReadFile(origin_ + "/f.bin"));
+  EXPECT_NE(node->Log().find("ignored a malformed request"), std::string::npos) << node->Log();
+  EXPECT_TRUE(node->Stop()) << node->Log();
+}
+
+}  // namespace
+}  // namespace ember
