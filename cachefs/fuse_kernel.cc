@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachefs/errno.h"
+#include "cachefs/takeover.h"
 #include "common/metrics.h"
 
 // Newer than Debian bookworm's linux/fuse.h (protocol 7.38): passthrough is 7.40.
@@ -29,6 +30,7 @@
 #ifndef FOPEN_PASSTHROUGH
 #define FOPEN_PASSTHROUGH (1 << 7)
 #endif
+constexpr int kNotifyResend = 7;  // FUSE_NOTIFY_RESEND (7.40): requeue requests being processed
 
 namespace ember::cachefs {
 namespace {
@@ -195,7 +197,10 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Adopt(FileSystem* fs, Ke
   k->fd_ = state.fd;
   k->mountpoint_ = state.mountpoint;
   k->proto_minor_ = state.proto_minor;
-  k->passthrough_ = state.passthrough;
+  // Negotiated by the predecessor; the successor's flags may turn new passthrough opens off
+  // (or on again) without a remount.
+  k->passthrough_ = state.passthrough && options.passthrough;
+  k->negotiated_passthrough_ = state.passthrough;
   k->next_fh_ = state.next_fh;
   k->stop_fd_ = eventfd(0, EFD_CLOEXEC);
   // Re-derive what the predecessor held: a FileSystem handle per open file, and the pins of
@@ -297,6 +302,7 @@ bool KernelFuse::HandleInit() {
   out.time_gran = 1;
   out.max_pages = kMaxPages;
   passthrough_ = (flags & FUSE_PASSTHROUGH) != 0;
+  negotiated_passthrough_ = passthrough_;
   if (passthrough_) out.max_stack_depth = 1;  // backing files on a plain (unstacked) file system
   proto_minor_ = out.minor;
   ReplyStruct(fd_, h->unique, out);
@@ -313,6 +319,13 @@ bool KernelFuse::HandleInit() {
 }
 
 void KernelFuse::Run() {
+  if (adopted_) {
+    // Requests a crashed predecessor had taken but not answered: the kernel queues them again.
+    fuse_out_header h{sizeof(fuse_out_header), kNotifyResend, 0};
+    if (write(fd_, &h, sizeof(h)) < 0 && errno != ENOENT) {
+      spdlog::debug("fuse: asking the kernel to resend pending requests: {}", strerror(errno));
+    }
+  }
   if (!adopted_ && !HandleInit()) {
     unmounted_ = true;
     std::lock_guard lock(mu_);
@@ -320,11 +333,23 @@ void KernelFuse::Run() {
     served_cv_.notify_all();
     return;
   }
+  if (supervisor_ >= 0) {
+    std::lock_guard lock(mu_);
+    absl::Status st = SendStateMessage(supervisor_, StateLocked());
+    if (!st.ok())
+      spdlog::warn("fuse: the supervisor will not keep the mount: {}", std::string(st.message()));
+  }
   const int threads = std::max(1, options_.max_threads);
+  // Cloned fds spread requests over per-fd queues; but the kernel aborts the requests being
+  // processed on a clone when it is closed, as when this process dies. Under a supervisor the
+  // workers share the one fd it keeps too, so a crash leaves those requests to be resent.
+  const bool clone = supervisor_ < 0;
   for (int i = 0; i < threads; i++) {
-    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    int fd = clone ? open("/dev/fuse", O_RDWR | O_CLOEXEC) : -1;
     uint32_t master = static_cast<uint32_t>(fd_);
-    if (fd < 0 || ioctl(fd, FUSE_DEV_IOC_CLONE, &master) != 0) {
+    if (!clone) {
+      fd = dup(fd_);
+    } else if (fd < 0 || ioctl(fd, FUSE_DEV_IOC_CLONE, &master) != 0) {
       if (fd >= 0) close(fd);
       if (i == 0) {
         spdlog::warn("fuse: cannot clone /dev/fuse ({}); one fd for all threads", strerror(errno));
@@ -620,6 +645,11 @@ int KernelFuse::OpenFile(uint64_t ino, int flags, uint64_t* fh, uint32_t* open_f
   }
   *fh = next_fh_++;
   opens_[*fh] = o;
+  if (supervisor_ >= 0) {
+    // Every open: a successor must know which inodes the kernel has open through us, as it
+    // refuses passthrough opens of those.
+    SendOpenUpdate(supervisor_, true, {*fh, ino, o.passthrough}, in.backing_id);
+  }
   return 0;
 }
 
@@ -630,6 +660,7 @@ void KernelFuse::ReleaseFile(uint64_t fh) {
   if (it == opens_.end()) return;
   Open o = it->second;
   opens_.erase(it);
+  if (supervisor_ >= 0) SendOpenUpdate(supervisor_, false, {fh, o.ino, o.passthrough}, 0);
   auto in = inodes_.find(o.ino);
   if (!o.passthrough && o.fs_handle != 0) fs_->Release(o.fs_handle);
   if (in == inodes_.end()) return;
@@ -674,12 +705,18 @@ KernelFuseState KernelFuse::Quiesce() {
     std::unique_lock lock(mu_);
     served_cv_.wait(lock, [&] { return served_done_; });
   }
-  KernelFuseState s;
+  std::lock_guard lock(mu_);
+  KernelFuseState s = StateLocked();
   s.fd = dup(fd_);
+  return s;
+}
+
+KernelFuseState KernelFuse::StateLocked() {
+  KernelFuseState s;
+  s.fd = fd_;
   s.mountpoint = mountpoint_;
   s.proto_minor = proto_minor_;
-  s.passthrough = passthrough_;
-  std::lock_guard lock(mu_);
+  s.passthrough = negotiated_passthrough_;
   s.next_fh = next_fh_;
   for (const auto& [fh, o] : opens_) s.open_files.push_back({fh, o.ino, o.passthrough});
   for (const auto& [ino, in] : inodes_) {

@@ -67,6 +67,9 @@ class KernelFuse final : public MountBinding {
   // Stops serving (in-flight requests are answered first); the mount stays and Run() returns.
   // The returned fd is this object's; it stays open until this object is destroyed.
   KernelFuseState Quiesce();
+  // Reports the mount and every passthrough open/release to a supervisor (takeover.h) over
+  // `sock`, so the mount survives a crash of this process. Call before Run().
+  void SetSupervisor(int sock) { supervisor_ = sock; }
 
   struct Stats {
     bool passthrough = false;  // negotiated and not disabled by a failure
@@ -98,6 +101,8 @@ class KernelFuse final : public MountBinding {
   int OpenFile(uint64_t ino, int flags, uint64_t* fh, uint32_t* open_flags, int32_t* backing_id);
   void ReleaseFile(uint64_t fh);
   void CloseBacking(int32_t id);
+  // REQUIRES: mu_ held. What a successor needs; fd is fd_ itself (callers dup or send it).
+  KernelFuseState StateLocked();
 
   FileSystem* fs_ = nullptr;
   MountOptions options_;
@@ -105,9 +110,11 @@ class KernelFuse final : public MountBinding {
   fuse_session* session_ = nullptr;  // libfuse, for mounting and unmounting only
   int fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once the workers should stop
+  int supervisor_ = -1;
   bool adopted_ = false;
   uint32_t proto_minor_ = 0;
-  std::atomic<bool> passthrough_{false};
+  std::atomic<bool> passthrough_{false};  // new opens of resident files use passthrough
+  bool negotiated_passthrough_ = false;   // the kernel agreed at INIT (kept across takeovers)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> quiescing_{false};
   std::atomic<bool> unmounted_{false};

@@ -65,7 +65,12 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   // Take over a running agent's mount first: it keeps serving while this process starts, and
   // hands over once it has closed the cache and freed its ports.
   std::optional<KernelFuseState> inherited;
-  if (options.takeover) {
+  if (options.supervisor_fd >= 0) {
+    inherited = TakeQueuedState(options.supervisor_fd);  // the mount of a crashed predecessor
+    if (inherited)
+      spdlog::info("node: reattaching {} kept by the supervisor", inherited->mountpoint);
+  }
+  if (options.takeover && !inherited) {
     if (options.fuse_binding != "kernel") {
       return absl::InvalidArgumentError("--takeover needs --fuse-binding kernel");
     }
@@ -152,6 +157,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
                            : KernelFuse::Mount(a->fs_.get(), options.mountpoint, options.mount);
     if (!mount.ok()) return mount.status();
     a->kernel_ = mount->get();
+    if (options.supervisor_fd >= 0) a->kernel_->SetSupervisor(options.supervisor_fd);
     a->mount_ = std::move(*mount);
     // A successor (`ember node --takeover`) can ask for this mount.
     auto listener = TakeoverListener::Start(TakeoverSocketPath(options.cache_dir),

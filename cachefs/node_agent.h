@@ -58,6 +58,10 @@ struct NodeOptions {
   std::string fuse_binding = "kernel";  // "kernel" (fuse_kernel.h) or "libfuse" (fuse_mount.h)
   // Take the mount over from the agent running on this cache dir (takeover.h), if there is one.
   bool takeover = false;
+  // Set by `ember node --supervise` in the agent it runs: the supervisor's end of a
+  // SOCK_SEQPACKET pair (takeover.h). The agent reattaches a mount queued there, and reports its
+  // mount and passthrough opens to it.
+  int supervisor_fd = -1;
 };
 
 class NodeAgent {

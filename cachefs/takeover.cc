@@ -8,9 +8,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,7 +20,7 @@ namespace ember::cachefs {
 namespace {
 
 constexpr char kRequest[] = "takeover v1\n";
-constexpr uint32_t kMaxState = 64 << 20;
+constexpr uint32_t kMaxState = 16 << 20;
 
 absl::StatusOr<sockaddr_un> Address(const std::string& path) {
   sockaddr_un a;
@@ -85,6 +87,110 @@ absl::StatusOr<KernelFuseState> FromJson(const std::string& text) {
 }
 
 }  // namespace
+
+absl::Status SendStateMessage(int sock, const KernelFuseState& state) {
+  std::string text = ToJson(state).dump();
+  iovec iov{text.data(), text.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  std::memset(control, 0, sizeof(control));
+  msghdr m;
+  std::memset(&m, 0, sizeof(m));
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &state.fd, sizeof(int));
+  if (sendmsg(sock, &m, MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+    return absl::UnavailableError(absl::StrCat("sending the mount state: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+void SendOpenUpdate(int sock, bool open, const KernelFuseState::OpenFile& f, int32_t backing_id) {
+  std::string text = nlohmann::json{
+      {"op", open ? "open" : "release"},
+      {"fh", f.fh},
+      {"ino", f.ino},
+      {"passthrough", f.passthrough},
+      {"backing_id",
+       backing_id}}.dump();
+  // Blocking: a lost update could make a successor reuse a closed backing id. The supervisor
+  // drains its end at once; if it is gone, send fails (EPIPE) and nothing waits.
+  (void)!send(sock, text.data(), text.size(), MSG_NOSIGNAL);
+}
+
+bool ApplySupervisorMessage(const char* msg, size_t len, int passed_fd, KernelFuseState* state) {
+  std::string text(msg, len);
+  if (passed_fd >= 0) {
+    auto s = FromJson(text);
+    if (!s.ok()) return false;
+    if (state->fd >= 0) close(state->fd);
+    *state = std::move(*s);
+    state->fd = passed_fd;
+    return true;
+  }
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  try {
+    uint64_t fh = j.at("fh").get<uint64_t>();
+    auto& files = state->open_files;
+    files.erase(
+        std::remove_if(files.begin(), files.end(), [&](const auto& f) { return f.fh == fh; }),
+        files.end());
+    uint64_t ino = j.at("ino").get<uint64_t>();
+    if (j.at("op") != "open") {
+      // The last passthrough open of an inode closes its backing id.
+      bool still = std::any_of(files.begin(), files.end(),
+                               [&](const auto& f) { return f.ino == ino && f.passthrough; });
+      if (!still) state->backing_ids.erase(ino);
+    } else {
+      files.push_back({fh, ino, j.at("passthrough").get<bool>()});
+      int32_t id = j.at("backing_id").get<int32_t>();
+      if (id > 0) state->backing_ids[ino] = id;
+      state->next_fh = std::max(state->next_fh, fh + 1);
+    }
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+int ReceiveSupervisorMessage(int sock, KernelFuseState* state) {
+  thread_local std::vector<char> buf(kMaxState);  // allocated once per thread
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  iovec iov{buf.data(), buf.size()};
+  msghdr m;
+  std::memset(&m, 0, sizeof(m));
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n <= 0) return n == 0 ? -1 : (errno == EAGAIN ? 0 : -1);
+  int fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  if (!ApplySupervisorMessage(buf.data(), static_cast<size_t>(n), fd, state)) {
+    if (fd >= 0) close(fd);
+    spdlog::warn("supervisor: ignored a malformed message");
+  }
+  return 1;
+}
+
+std::optional<KernelFuseState> TakeQueuedState(int sock) {
+  KernelFuseState s;
+  while (ReceiveSupervisorMessage(sock, &s) > 0) {
+  }
+  if (s.fd < 0) return std::nullopt;
+  return s;
+}
 
 std::string TakeoverSocketPath(const std::string& cache_dir) { return cache_dir + "/agent.sock"; }
 

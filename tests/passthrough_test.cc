@@ -3,6 +3,7 @@
 // never evicted while open) and takeover of a live mount by a successor process.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -294,6 +295,87 @@ TEST_F(PassthroughTest, TakeoverUnderEightReadersLosesNoRead) {
   rpc::NodeStats s = Settled(*node);
   EXPECT_TRUE(s.passthrough());
   EXPECT_TRUE(node->Stop()) << node->Log();
+}
+
+// The newest "agent started (pid N)" of a supervisor's log.
+pid_t LastAgentPid(const std::string& log) {
+  const std::string key = "agent started (pid ";
+  size_t at = log.rfind(key);
+  if (at == std::string::npos) return -1;
+  return static_cast<pid_t>(std::atoi(log.c_str() + at + key.size()));
+}
+
+TEST_F(PassthroughTest, CrashedAgentIsReattachedByItsSupervisor) {
+  constexpr int kFiles = 4;
+  std::vector<std::string> want;
+  for (int i = 0; i < kFiles; i++) {
+    WriteRandomFile(absl::StrCat(origin_, "/f", i), (4 + 2 * i) * kMiB + 7, 70 + i);
+    want.push_back(ReadFile(absl::StrCat(origin_, "/f", i)));
+  }
+  Ember({"dataset", "add", "ds", origin_});
+  NodeProcess::Options o;
+  o.extra_args = {"--supervise"};
+  auto node = StartNode(o);
+  const std::string mnt = node->mount() + "/ds";
+  ASSERT_EQ(ReadUncached(mnt + "/f0"), want[0]);     // resident: passthrough from here on
+  int kept = open((mnt + "/f0").c_str(), O_RDONLY);  // open across every crash
+  ASSERT_GE(kept, 0);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, failed{0}, wrong{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; t++) {
+    readers.emplace_back([&, t] {
+      for (int k = 0; !stop; k++) {
+        int i = (t + k) % kFiles;
+        int fd = open(absl::StrCat(mnt, "/f", i).c_str(), O_RDONLY);
+        if (fd < 0) {
+          if (failed++ == 0) std::printf("first failed open: %s\n", strerror(errno));
+          continue;
+        }
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        std::string got = PreadAll(fd, want[i].size() + 1);
+        close(fd);
+        reads++;
+        if (got.size() != want[i].size()) {
+          if (failed++ == 0) std::printf("first short read: %zu bytes\n", got.size());
+        } else if (got != want[i]) {
+          wrong++;
+        }
+      }
+    });
+  }
+  for (int crash = 0; crash < 3; crash++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    pid_t agent = LastAgentPid(node->Log());
+    ASSERT_GT(agent, 0) << node->Log();
+    ASSERT_EQ(kill(agent, SIGKILL), 0);
+    ASSERT_TRUE(testing::WaitFor([&] { return LastAgentPid(node->Log()) != agent; },
+                                 std::chrono::seconds(10)))
+        << node->Log();
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          std::string log = node->Log();
+          size_t n = 0;
+          for (size_t at = 0; (at = log.find("took over", at)) != std::string::npos; at++) n++;
+          return n >= static_cast<size_t>(crash + 1);
+        },
+        std::chrono::seconds(20)))
+        << node->Log();
+    std::string got = PreadAll(kept, want[0].size());
+    EXPECT_TRUE(got == want[0]) << "the file kept open reads wrong after crash " << crash;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  stop = true;
+  for (auto& t : readers) t.join();
+  close(kept);
+  std::printf("agent SIGKILLed 3 times under 4 readers: %d reads, %d failed, %d wrong\n",
+              reads.load(), failed.load(), wrong.load());
+  EXPECT_GT(reads, 10);
+  EXPECT_EQ(failed, 0) << node->Log();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_TRUE(testing::IsMounted(node->mount()));
+  EXPECT_TRUE(node->Stop()) << node->Log();  // SIGTERM: the supervisor stops the agent, unmounts
 }
 
 TEST_F(PassthroughTest, TakeoverWithoutARunningAgentMountsAfresh) {

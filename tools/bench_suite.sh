@@ -13,7 +13,8 @@
 # Warm cases measure the daemon, not the kernel's cache of the mount: fio invalidates the file's
 # page cache of the mount before each job (--invalidate=1), read_bench drops it per file, while
 # the backing data (origin, Ember's cache files, rclone's cache files) stays warm in RAM. The
-# native file system is read warm (the physical limit). Every case runs RUNS times (default 5)
+# native file system is read warm (the physical limit). Last, the read stall while the agent is
+# replaced 5 times under readers (ember node --takeover). Every case runs RUNS times (default 5)
 # with the systems interleaved (the order rotates each run); medians, min-max spread, ratios.
 set -euo pipefail
 BUILD=$(realpath "${1:-build}")
@@ -24,7 +25,11 @@ DATA=$WORK/data
 RUNS=${RUNS:-5}
 OUT=$BUILD/bench/suite
 MNT=$WORK/mnt
-SYSTEMS=(native ember bindfs rclone)
+# ember: the default agent (kernel binding, passthrough of resident files); ember-daemon: the same
+# agent and cache with --no-passthrough, every read through the agent. One cache serves both (RAM
+# holds the origin, one Ember cache and rclone's): the suite switches between them with
+# `ember node --takeover [--no-passthrough]`, which keeps the mount.
+SYSTEMS=(native ember ember-daemon bindfs rclone)
 mkdir -p "$OUT" "$DATA"
 : > "$OUT/raw.txt"
 START=$(date +%s)
@@ -50,7 +55,7 @@ find "$DATA/tree" -type f | sort > "$OUT/tree.native"
 
 # ---- helpers ----
 root_of() {  # SYS -> directory that shows the origin's top-level folders
-  case $1 in native) echo "$DATA" ;; *) echo "$MNT/$1" ;; esac
+  case $1 in native) echo "$DATA" ;; ember-daemon) echo "$MNT/ember" ;; *) echo "$MNT/$1" ;; esac
 }
 list_for() {  # SYS NAME -> a list file of NAME's paths as SYS shows them
   local f=$OUT/$2.$1
@@ -79,24 +84,56 @@ wait_for_log() {  # FILE PATTERN PID
   return 1
 }
 
-EMBER_PID=
-start_ember() {  # STATE DATASET... ; `ember up` on MNT/ember with a fresh state dir
-  local state=$1; shift
+# The warm Ember: a meta and a node (so the node can be replaced by takeover).
+NODE_CMD=()
+NODE_MODE=passthrough
+TAKEOVERS=0
+start_warm_ember() {
+  local port=$((20000 + RANDOM % 20000)) state=$WORK/ember-warm
+  rm -rf "$state"; mkdir -p "$MNT/ember"
+  "$EMBER" meta --listen "127.0.0.1:$port" --data-dir "$state/meta" > "$OUT/ember-meta.log" 2>&1 &
+  PIDS+=("$!")
+  wait_for_log "$OUT/ember-meta.log" "serving on" "$!"
+  export EMBER_META=127.0.0.1:$port
+  for d in large images tree; do "$EMBER" dataset add "$d" "$DATA/$d" > /dev/null; done
+  NODE_CMD=("$EMBER" node --listen "127.0.0.1:$((port + 1))" --cache-dir "$state/cache"
+    --cache-size 16GiB --mount "$MNT/ember" --node-id bench)
+  "${NODE_CMD[@]}" > "$OUT/ember-node-0.log" 2>&1 &
+  PIDS+=("$!")
+  wait_for_log "$OUT/ember-node-0.log" "serving datasets at" "$!"
+}
+ember_mode() {  # passthrough|daemon: replace the node by takeover if it serves the other way
+  [ "$NODE_MODE" = "$1" ] && return 0
+  TAKEOVERS=$((TAKEOVERS + 1))
+  local extra=()
+  [ "$1" = daemon ] && extra=(--no-passthrough)
+  "${NODE_CMD[@]}" --takeover "${extra[@]}" > "$OUT/ember-node-$TAKEOVERS.log" 2>&1 &
+  PIDS+=("$!")
+  wait_for_log "$OUT/ember-node-$TAKEOVERS.log" "took over" "$!"
+  sleep 0.2  # the predecessor has exited
+  NODE_MODE=$1
+}
+
+declare -A EMBER_PIDS
+start_ember() {  # NAME STATE EXTRA-ARGS DATASET... ; `ember up` on MNT/NAME with a fresh state dir
+  local name=$1 state=$2 extra=$3; shift 3
   local args=()
   for d in "$@"; do args+=(--dataset "$d=$DATA/$d"); done
-  rm -rf "$state"; mkdir -p "$MNT/ember"
+  rm -rf "$state"; mkdir -p "$MNT/$name"
   local port=$((20000 + RANDOM % 20000))
-  "$EMBER" up --mount "$MNT/ember" --data-dir "$state" --listen "127.0.0.1:$port" \
-    --node-listen "127.0.0.1:$((port + 1))" --cache-size 16GiB "${args[@]}" > "$OUT/ember.log" 2>&1 &
-  EMBER_PID=$!
-  PIDS+=("$EMBER_PID")
-  wait_for_log "$OUT/ember.log" "serving datasets at" "$EMBER_PID"
-  export EMBER_META=127.0.0.1:$port
+  # shellcheck disable=SC2086
+  "$EMBER" up --mount "$MNT/$name" --data-dir "$state" --listen "127.0.0.1:$port" \
+    --node-listen "127.0.0.1:$((port + 1))" --cache-size 16GiB $extra "${args[@]}" > "$OUT/$name.log" 2>&1 &
+  EMBER_PIDS[$name]=$!
+  PIDS+=("$!")
+  wait_for_log "$OUT/$name.log" "serving datasets at" "$!"
+  [ "$name" = ember ] && export EMBER_META=127.0.0.1:$port
+  return 0
 }
-stop_ember() {
-  kill "$EMBER_PID" 2>/dev/null || true
-  wait "$EMBER_PID" 2>/dev/null || true
-  mountpoint -q "$MNT/ember" && fusermount -u "$MNT/ember" 2>/dev/null || true
+stop_ember() {  # NAME
+  kill "${EMBER_PIDS[$1]}" 2>/dev/null || true
+  wait "${EMBER_PIDS[$1]}" 2>/dev/null || true
+  mountpoint -q "$MNT/$1" && fusermount -u "$MNT/$1" 2>/dev/null || true
 }
 start_rclone() {  # fresh cache
   mkdir -p "$MNT/rclone"
@@ -121,6 +158,7 @@ fio_case() {  # SYS KIND(bw|iops) FIO-ARGS...
 }
 run_case() {  # CASE SYS
   local c=$1 sys=$2 r
+  case $sys in ember) ember_mode passthrough ;; ember-daemon) ember_mode daemon ;; esac
   r=$(root_of "$sys")
   local big=$r/large/large.bin
   case $c in
@@ -154,7 +192,7 @@ rotate() {  # RUN -> SYSTEMS rotated by RUN
 }
 
 # ---- warm cases ----
-start_ember "$WORK/ember-warm" large images tree
+start_warm_ember
 start_bindfs
 start_rclone
 say "first read through Ember and rclone (fills their caches; cold figures)"
@@ -171,7 +209,12 @@ for i in $(seq "$RUNS"); do
   done
 done
 "$EMBER" status > "$OUT/ember-status.txt" || true
-stop_ember
+cleanup_warm() {
+  fusermount -u "$MNT/ember" 2>/dev/null || true
+  pkill -f -- "--cache-dir $WORK/ember-warm/cache" 2>/dev/null || true
+  pkill -f -- "--data-dir $WORK/ember-warm/meta" 2>/dev/null || true
+}
+cleanup_warm
 stop_rclone
 fusermount -u "$MNT/bindfs"
 
@@ -179,7 +222,7 @@ fusermount -u "$MNT/bindfs"
 cold_run() {  # SOURCE(ram|disk) SYS RUN
   local src=$1 sys=$2 i=$3
   case $sys in
-    ember) start_ember "$WORK/ember-cold" images shards ;;
+    ember) start_ember ember "$WORK/ember-cold" "" images shards ;;
     rclone) start_rclone ;;
     bindfs) start_bindfs ;;
   esac
@@ -190,7 +233,7 @@ cold_run() {  # SOURCE(ram|disk) SYS RUN
   record "cold-$src-shards" "$sys" "$(fio_case "$sys" bw --rw=read --bs=1M --name=a \
     --filename="$r/shards/shard-0000$((i % 4 * 2)).tar" --name=b --filename="$r/shards/shard-0000$((i % 4 * 2 + 1)).tar")"
   case $sys in
-    ember) stop_ember ;;
+    ember) stop_ember ember ;;
     rclone) stop_rclone ;;
     bindfs) fusermount -u "$MNT/bindfs" ;;
   esac
@@ -200,12 +243,46 @@ for src in ram disk; do
     say "cold ($src) run $i/$RUNS"
     # Origin in RAM: read it natively first (not timed).
     [ "$src" = ram ] && cat "$DATA/shards/"* > /dev/null && "$RB" small "$OUT/images.native" 2 1 keep > /dev/null
-    for sys in $(rotate "$i"); do cold_run "$src" "$sys" "$i"; done
+    for sys in $(rotate "$i"); do
+      [ "$sys" = ember-daemon ] && continue  # cold reads are the same path with or without passthrough
+      cold_run "$src" "$sys" "$i"
+    done
   done
 done
 
+# ---- takeover: the longest read while the agent is replaced 5 times under 4 readers ----
+say "takeover stall"
+TPORT=$((20000 + RANDOM % 20000))
+rm -rf "$WORK/takeover"; mkdir -p "$WORK/takeover/mnt"
+"$EMBER" meta --listen "127.0.0.1:$TPORT" --data-dir "$WORK/takeover/meta" > "$OUT/takeover-meta.log" 2>&1 &
+PIDS+=("$!")
+wait_for_log "$OUT/takeover-meta.log" "serving on" "$!"
+EMBER_META=127.0.0.1:$TPORT "$EMBER" dataset add images "$DATA/images" > /dev/null
+node_cmd=("$EMBER" node --meta "127.0.0.1:$TPORT" --listen "127.0.0.1:$((TPORT + 1))"
+  --cache-dir "$WORK/takeover/cache" --cache-size 4GiB --mount "$WORK/takeover/mnt" --node-id t1)
+"${node_cmd[@]}" > "$OUT/takeover-node-0.log" 2>&1 &
+PIDS+=("$!")
+wait_for_log "$OUT/takeover-node-0.log" "serving datasets at" "$!"
+sed "s|^$DATA|$WORK/takeover/mnt|" "$OUT/images.native" > "$OUT/images.takeover"
+"$RB" small "$OUT/images.takeover" 4 1 keep > /dev/null  # fill the cache
+"$RB" stall "$OUT/images.takeover" 4 4 > "$OUT/stall-baseline.txt" || true
+"$RB" stall "$OUT/images.takeover" 9 4 > "$OUT/stall.txt" &
+STALL=$!
+for k in 1 2 3 4 5; do
+  sleep 1.5
+  "${node_cmd[@]}" --takeover > "$OUT/takeover-node-$k.log" 2>&1 &
+  PIDS+=("$!")
+  wait_for_log "$OUT/takeover-node-$k.log" "took over" "$!"
+done
+wait $STALL || true
+read -r t_reads t_failed t_max < "$OUT/stall.txt"
+read -r b_reads b_failed b_max < "$OUT/stall-baseline.txt"
+echo "Takeover: the agent replaced 5 times in 9 s under 4 readers of the image dataset (whole files, page cache dropped): $t_reads reads, $t_failed failed, longest read $t_max ms; without takeovers (4 s, same readers): longest read $b_max ms." > "$OUT/takeover.txt"
+fusermount -u "$WORK/takeover/mnt" 2>/dev/null || true
+
 # ---- peer fill vs raw TCP (transport level, same loopback) ----
 say "peer fill vs raw TCP"
+cat "$DATA/shards/shard-00000.tar" > /dev/null  # served from RAM, as the baseline is
 "$BUILD/bin/peer_bench" "$DATA/shards/shard-00000.tar" "$RUNS" 1 > "$OUT/peer.txt"
 "$BUILD/bin/peer_bench" "$DATA/shards/shard-00000.tar" "$RUNS" 2 >> "$OUT/peer.txt"
 
@@ -223,18 +300,18 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0 && a != "-") printf "%.2f", 
 cell() { set -- $(stats "$1" "$2"); echo "$1 ($2-$3)"; }
 med() { stats "$1" "$2" | cut -d' ' -f1; }
 table() {  # TITLE CASE:LABEL...
-  echo "| $1 | native | Ember | bindfs | rclone | Ember/native | Ember/bindfs | Ember/rclone |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| $1 | native | Ember | Ember, no passthrough | bindfs | rclone | Ember/native | Ember/bindfs | Ember/rclone | no-passthrough/native |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   shift
   for cl in "$@"; do
     local c=${cl%%:*} label=${cl#*:}
     local e; e=$(med "$c" ember)
-    echo "| $label | $(cell "$c" native) | $(cell "$c" ember) | $(cell "$c" bindfs) | $(cell "$c" rclone) | $(ratio "$e" "$(med "$c" native)") | $(ratio "$e" "$(med "$c" bindfs)") | $(ratio "$e" "$(med "$c" rclone)") |"
+    echo "| $label | $(cell "$c" native) | $(cell "$c" ember) | $(cell "$c" ember-daemon) | $(cell "$c" bindfs) | $(cell "$c" rclone) | $(ratio "$e" "$(med "$c" native)") | $(ratio "$e" "$(med "$c" bindfs)") | $(ratio "$e" "$(med "$c" rclone)") | $(ratio "$(med "$c" ember-daemon)" "$(med "$c" native)") |"
   done
 }
 {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r), $(. /etc/os-release; echo "$PRETTY_NAME"); Ember $(git -C "$(dirname "$0")" describe --always --dirty 2>/dev/null || echo '?'); $(fio --version); rclone $(rclone version 2>/dev/null | head -1 | awk '{print $2}'); bindfs $(bindfs --version 2>&1 | awk '{print $2}'); $(date -u +%Y-%m-%d)."
-  echo "Runs: $RUNS per case and system, interleaved; median (min-max). Wall time of the suite: $(($(date +%s) - START)) s."
+  echo "Runs: $RUNS per case and system, interleaved; median (min-max). Wall time of the suite: $(($(date +%s) - START)) s. Ember and Ember without passthrough are one agent and cache, switched $TAKEOVERS times by takeover during the run."
   echo
   table "warm (daemon's cache full, mount's page cache dropped)" \
     "seq1:sequential 1 MiB, 4 GiB file, 1 job (MiB/s)" "seq2:sequential 1 MiB, 2 jobs (MiB/s)" \
@@ -253,9 +330,13 @@ table() {  # TITLE CASE:LABEL...
   echo
   echo "First read through the daemons while filling their caches (origin warm), one run: Ember $(med coldfill-seq ember) MiB/s sequential, $(med coldfill-small ember) files/s; rclone $(med coldfill-seq rclone) MiB/s, $(med coldfill-small rclone) files/s."
   echo
+  cat "$OUT/takeover.txt"
+  echo
   echo "| peer fill (transport, 512 MiB file as 4 MiB blocks, 127.0.0.1) | Ember | raw TCP | ratio |"
   echo "| --- | --- | --- | --- |"
-  cat "$OUT/peer.txt"
+  grep '^|' "$OUT/peer.txt"
+  echo
+  grep -v '^|' "$OUT/peer.txt" | grep -v '^$' || true
   echo
   cat "$OUT/memory.txt"
   echo

@@ -1,10 +1,15 @@
 // `ember node` (one node agent against a meta service) and `ember up` (meta + node + mount in
 // one process: the whole system on one machine).
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -16,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cachefs/node_agent.h"
+#include "cachefs/takeover.h"
 #include "common/units.h"
 #include "meta/meta_client.h"
 #include "meta/meta_server.h"
@@ -40,6 +46,7 @@ struct NodeFlags {
   std::string fuse_binding = "kernel";
   bool no_passthrough = false;
   bool takeover = false;
+  bool supervise = false;
   MetaFlags meta;  // --token-file is also the token peers prove to each other
 };
 
@@ -68,6 +75,11 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
       ->capture_default_str();
   c->add_flag("--no-passthrough", f->no_passthrough,
               "Serve every read through the agent, also of fully cached files");
+  if (!for_up) {
+    c->add_flag("--supervise", f->supervise,
+                "Run the agent under a small supervisor that keeps the mount: if the agent "
+                "crashes, its restart reattaches it (open files keep working)");
+  }
   c->add_flag("--takeover", f->takeover,
               "Take the mount over from the agent running on this cache dir (no unmount: open "
               "files keep working); mounts afresh if none runs");
@@ -94,6 +106,11 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.fuse_binding = f.fuse_binding;
   o.mount.passthrough = !f.no_passthrough;
   o.takeover = f.takeover;
+  if (const char* sup = std::getenv("EMBER_SUPERVISOR_FD"); sup != nullptr && *sup != '\0') {
+    int fd = -1;
+    if (absl::SimpleAtoi(sup, &fd) && fd >= 0) o.supervisor_fd = fd;
+    unsetenv("EMBER_SUPERVISOR_FD");
+  }
   auto mode = transport::ParseTransportMode(f.transport);
   if (!mode.ok()) Fail(mode.status());
   o.transport = *mode;
@@ -153,6 +170,81 @@ void RunAgent(const cachefs::NodeOptions& options, const std::function<void()>& 
   waiter.join();
 }
 
+// `ember node --supervise`: runs the agent (this command line without --supervise) as a child
+// and keeps a copy of its /dev/fuse fd with the open passthrough files it reports (takeover.h).
+// When the agent dies of anything but a requested stop, the next one reattaches the same mount
+// (the kernel resends the requests the dead one had taken), so open files keep working.
+int Supervise() {
+  std::vector<std::string> args;
+  {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);
+    for (std::string a; std::getline(in, a, '\0');) {
+      if (a != "--supervise") args.push_back(a);
+    }
+  }
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    Fail(absl::StrCat("supervisor: socketpair: ", strerror(errno)));
+  }
+  cachefs::KernelFuseState state;
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigaddset(&term, SIGINT);
+  while (true) {
+    // Stale messages a dead agent never read, then the mount for the next one.
+    cachefs::KernelFuseState stale;
+    while (cachefs::ReceiveSupervisorMessage(sv[1], &stale) > 0) {
+    }
+    if (stale.fd >= 0) close(stale.fd);
+    if (state.fd >= 0) {
+      absl::Status st = cachefs::SendStateMessage(sv[0], state);
+      if (!st.ok()) spdlog::error("supervisor: {}", std::string(st.message()));
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+      sigprocmask(SIG_UNBLOCK, &term, nullptr);
+      fcntl(sv[1], F_SETFD, 0);  // inherited by the agent
+      setenv("EMBER_SUPERVISOR_FD", std::to_string(sv[1]).c_str(), 1);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      _exit(127);
+    }
+    if (pid < 0) Fail(absl::StrCat("supervisor: fork: ", strerror(errno)));
+    spdlog::info("supervisor: agent started (pid {})", pid);
+    bool stopping = false;
+    int status = 0;
+    while (true) {
+      pollfd p{sv[0], POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) {
+        while (cachefs::ReceiveSupervisorMessage(sv[0], &state) > 0) {
+        }
+      }
+      timespec zero{0, 0};
+      int sig = sigtimedwait(&term, nullptr, &zero);
+      if (sig > 0) {
+        stopping = true;
+        kill(pid, sig);
+      }
+      if (waitpid(pid, &status, WNOHANG) == pid) break;
+    }
+    while (cachefs::ReceiveSupervisorMessage(sv[0], &state) > 0) {
+    }
+    bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (stopping || clean || state.fd < 0) {
+      // Stopped on purpose, or it never mounted (a bad flag): nothing to keep.
+      if (state.fd >= 0) close(state.fd);
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    spdlog::error("supervisor: agent (pid {}) died ({}); restarting it on the same mount", pid,
+                  WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
+                                      : absl::StrCat("exit code ", WEXITSTATUS(status)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 std::string DefaultDataDir() {
   if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) return absl::StrCat(x, "/ember");
   if (const char* h = std::getenv("HOME"); h && *h) {
@@ -172,6 +264,10 @@ void AddNodeCommands(CLI::App& app) {
       if (f->cache_dir.empty()) Fail("--cache-dir is required");
       auto o = ToNodeOptions(*f, meta::ResolveMetaAddress(f->meta.address), 0);
       BlockTerminationSignals();
+      if (f->supervise) {
+        if (f->fuse_binding != "kernel") Fail("--supervise needs --fuse-binding kernel");
+        std::exit(Supervise());
+      }
       RunAgent(o, {});
     });
   }

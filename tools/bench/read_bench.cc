@@ -8,6 +8,9 @@
 //   read_bench gen FILE SIZE SEED              writes SIZE pseudo-random bytes to FILE
 //   read_bench tree DIR DIRS FILES SIZE        writes DIRS folders of FILES files of SIZE bytes
 //   read_bench stat LIST                       stat()s every path in LIST; prints files/s
+//   read_bench stall LIST SECONDS WORKERS      reads whole files of LIST (page cache dropped
+//                                              first) for SECONDS; prints reads, failed reads
+//                                              and the longest read in ms
 //
 // With `drop`, the page cache of the files is dropped first (not timed), so a FUSE mount's
 // daemon is measured rather than the kernel's cache of the mount; `keep` measures warm files.
@@ -152,6 +155,47 @@ int Stat(const std::string& list) {
   return 0;
 }
 
+int Stall(const std::string& list, double seconds, int workers) {
+  std::vector<std::string> paths;
+  std::ifstream in(list);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) paths.push_back(line);
+  }
+  if (paths.empty()) return 1;
+  std::atomic<uint64_t> reads{0}, failed{0}, max_us{0};
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; w++) {
+    threads.emplace_back([&, w] {
+      std::vector<char> buf(256 << 10);
+      for (size_t i = static_cast<size_t>(w); std::chrono::steady_clock::now() < end; i++) {
+        const std::string& p = paths[i % paths.size()];
+        auto t0 = std::chrono::steady_clock::now();
+        int fd = open(p.c_str(), O_RDONLY);
+        bool ok = fd >= 0;
+        if (ok) {
+          posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+          ssize_t n;
+          while ((n = read(fd, buf.data(), buf.size())) > 0) {
+          }
+          ok = n == 0;
+          close(fd);
+        }
+        uint64_t us = static_cast<uint64_t>(Seconds(t0) * 1e6);
+        uint64_t prev = max_us.load();
+        while (us > prev && !max_us.compare_exchange_weak(prev, us)) {
+        }
+        reads++;
+        if (!ok) failed++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::printf("%llu %llu %.1f\n", static_cast<unsigned long long>(reads.load()),
+              static_cast<unsigned long long>(failed.load()), max_us.load() / 1000.0);
+  return failed > 0 ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,6 +212,7 @@ int main(int argc, char** argv) {
                 std::strtoull(argv[5], nullptr, 10));
   }
   if (mode == "stat" && argc == 3) return Stat(argv[2]);
+  if (mode == "stall" && argc == 5) return Stall(argv[2], std::atof(argv[3]), std::atoi(argv[4]));
   if (mode == "drop" && argc >= 3) {
     for (int i = 2; i < argc; i++) {
       if (std::filesystem::is_directory(argv[i])) {
@@ -182,6 +227,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: read_bench seq FILE drop|keep | small LIST WORKERS SEED drop|keep | "
-               "drop PATH... | gen FILE SIZE SEED | tree DIR DIRS FILES SIZE | stat LIST\n");
+               "drop PATH... | gen FILE SIZE SEED | tree DIR DIRS FILES SIZE | stat LIST | "
+               "stall LIST SECONDS WORKERS\n");
   return 2;
 }
