@@ -48,6 +48,46 @@ bool WaitReadable(int fd, std::chrono::steady_clock::time_point deadline) {
   }
 }
 
+// One message of `len` bytes with `fd` attached (SCM_RIGHTS). Returns sendmsg's result.
+ssize_t SendWithFd(int sock, const void* data, size_t len, int fd) {
+  iovec iov{const_cast<void*>(data), len};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  std::memset(control, 0, sizeof(control));
+  msghdr m;
+  std::memset(&m, 0, sizeof(m));
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  return sendmsg(sock, &m, MSG_NOSIGNAL);
+}
+
+// Receives one message into buf; *fd is the fd attached to it, or -1. Returns recvmsg's result.
+ssize_t RecvWithFd(int sock, void* buf, size_t len, int flags, int* fd) {
+  iovec iov{buf, len};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr m;
+  std::memset(&m, 0, sizeof(m));
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  *fd = -1;
+  ssize_t n = recvmsg(sock, &m, flags | MSG_CMSG_CLOEXEC);
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  return n;
+}
+
 nlohmann::json ToJson(const KernelFuseState& s) {
   nlohmann::json j;
   j["mountpoint"] = s.mountpoint;
@@ -90,21 +130,7 @@ absl::StatusOr<KernelFuseState> FromJson(const std::string& text) {
 
 absl::Status SendStateMessage(int sock, const KernelFuseState& state) {
   std::string text = ToJson(state).dump();
-  iovec iov{text.data(), text.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  std::memset(control, 0, sizeof(control));
-  msghdr m;
-  std::memset(&m, 0, sizeof(m));
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &state.fd, sizeof(int));
-  if (sendmsg(sock, &m, MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+  if (SendWithFd(sock, text.data(), text.size(), state.fd) != static_cast<ssize_t>(text.size())) {
     return absl::UnavailableError(absl::StrCat("sending the mount state: ", strerror(errno)));
   }
   return absl::OkStatus();
@@ -161,22 +187,9 @@ bool ApplySupervisorMessage(const char* msg, size_t len, int passed_fd, KernelFu
 
 int ReceiveSupervisorMessage(int sock, KernelFuseState* state) {
   thread_local std::vector<char> buf(kMaxState);  // allocated once per thread
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  iovec iov{buf.data(), buf.size()};
-  msghdr m;
-  std::memset(&m, 0, sizeof(m));
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  ssize_t n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (n <= 0) return n == 0 ? -1 : (errno == EAGAIN ? 0 : -1);
   int fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-    }
-  }
+  ssize_t n = RecvWithFd(sock, buf.data(), buf.size(), MSG_DONTWAIT, &fd);
+  if (n <= 0) return n == 0 ? -1 : (errno == EAGAIN ? 0 : -1);
   if (!ApplySupervisorMessage(buf.data(), static_cast<size_t>(n), fd, state)) {
     if (fd >= 0) close(fd);
     spdlog::warn("supervisor: ignored a malformed message");
@@ -222,22 +235,10 @@ absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
       return fail(absl::DeadlineExceededError(
           absl::StrCat("the running agent did not hand over within ", timeout.count(), " ms")));
     }
-    iovec iov{&len, sizeof(len)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr m;
-    std::memset(&m, 0, sizeof(m));
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    ssize_t n = recvmsg(fd, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    ssize_t n = RecvWithFd(fd, &len, sizeof(len), MSG_WAITALL, &passed_fd);
     if (n != sizeof(len)) {
+      if (passed_fd >= 0) close(passed_fd);
       return fail(absl::UnavailableError("the running agent closed the takeover connection"));
-    }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        std::memcpy(&passed_fd, CMSG_DATA(c), sizeof(int));
-      }
     }
   }
   if (passed_fd < 0 || len == 0 || len > kMaxState) {
@@ -269,22 +270,8 @@ absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
 absl::Status SendTakeoverState(int conn, const KernelFuseState& state) {
   std::string text = ToJson(state).dump();
   uint32_t len = static_cast<uint32_t>(text.size());
-  iovec iov{&len, sizeof(len)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  std::memset(control, 0, sizeof(control));
-  msghdr m;
-  std::memset(&m, 0, sizeof(m));
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &state.fd, sizeof(int));
   absl::Status st = absl::OkStatus();
-  if (sendmsg(conn, &m, MSG_NOSIGNAL) != sizeof(len)) {
+  if (SendWithFd(conn, &len, sizeof(len), state.fd) != sizeof(len)) {
     st = absl::UnavailableError(absl::StrCat("sending the mount: ", strerror(errno)));
   } else {
     size_t sent = 0;

@@ -1,14 +1,12 @@
 #!/bin/bash
-# make bench: the node agent's read benchmarks (not tests). Data is generated once under
-# $EMBER_BENCH_DIR (default /var/tmp/ember-bench) and reused. Prints a table and writes it to
-# $BUILD/bench/results.md; copy the figures into docs/benchmarks.md.
+# make bench: benchmarks (not tests). Data is generated once under $EMBER_BENCH_DIR (default
+# /var/tmp/ember-bench) and reused. Writes $BUILD/bench/results.md.
 #
-# Cases (issue: node agent):
-#   seq   warm sequential read, 1 MiB reads of a 1 GiB file
-#   small warm small-file read, 10,000 files of 112 KiB, open-read-close in random order, 2 workers
-# Each through the mount (page cache of the mount dropped before each run, so the daemon is
-# measured) against reading the same bytes directly from the cache directory (warm), interleaved,
-# RUNS runs each (default 5), medians and the ratio.
+# 1. bench_suite.sh: Ember side by side with the native file system, bindfs and rclone (warm,
+#    cold, metadata, takeover stall, peer transport, memory); updates docs/benchmarks.md.
+# 2. Two nodes end to end (B reads from A), prefetch to 3 nodes, the scheduler at 500 and 10,000
+#    nodes, remote origins (S3 and HTTP on loopback). Figures for these go into
+#    docs/benchmarks.md by hand.
 set -euo pipefail
 BUILD=$(realpath "${1:-build}")
 EMBER=$BUILD/bin/ember
@@ -39,76 +37,11 @@ if [ ! -f "$WORK/data/small/.done" ]; then
   touch "$WORK/data/small/.done"
 fi
 
-# ---- ember up ----
-rm -rf "$WORK/state" "$WORK/mnt"
-mkdir -p "$WORK/mnt"
+# ---- the side-by-side suite: Ember vs native, bindfs, rclone (writes docs/benchmarks.md) ----
+"$(dirname "$0")/bench_suite.sh" "$BUILD" | tee "$OUT/results.md"
 PORT=$((20000 + RANDOM % 20000))
-"$EMBER" up --mount "$WORK/mnt" --data-dir "$WORK/state" --listen "127.0.0.1:$PORT" \
-  --node-listen "127.0.0.1:$((PORT + 1))" --cache-size 4GiB \
-  --dataset "big=$WORK/data/big" --dataset "small=$WORK/data/small" > "$OUT/ember.log" 2>&1 &
-UP=$!
-trap 'kill $UP 2>/dev/null || true; wait $UP 2>/dev/null || true' EXIT
-for _ in $(seq 300); do
-  grep -q "serving datasets at" "$OUT/ember.log" 2>/dev/null && break
-  kill -0 $UP 2>/dev/null || { cat "$OUT/ember.log"; exit 1; }
-  sleep 0.1
-done
-export EMBER_META=127.0.0.1:$PORT
-
-# ---- warm the cache (first epoch, from the origin) ----
-find "$WORK/mnt/small" -type f -name '*.jpg' | sort > "$OUT/mount-small.txt"
-say "cold first read through the mount (fills the cache)"
-cold_seq=$("$RB" seq "$WORK/mnt/big/large.bin" drop)
-cold_small=$("$RB" small "$OUT/mount-small.txt" 2 1 drop)
-
-ds_id() { "$EMBER" dataset show "$1" --json | sed -n 's/^  "id": \([0-9]*\),*/\1/p'; }
-BIG_DIR=$WORK/state/cache/blocks/$(ds_id big)/1
-SMALL_DIR=$WORK/state/cache/blocks/$(ds_id small)/1
-CACHE_LARGE=$(find "$BIG_DIR" -type f | head -1)
-find "$SMALL_DIR" -type f | sort > "$OUT/cache-small.txt"
-[ "$(wc -l < "$OUT/cache-small.txt")" -eq 10000 ] || { say "cache does not hold all small files"; exit 1; }
-# Warm the cache files in the page cache (the daemon reads them from there too).
-"$RB" seq "$CACHE_LARGE" keep > /dev/null
-"$RB" small "$OUT/cache-small.txt" 2 1 keep > /dev/null
-
-median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-
-: > "$OUT/seq-mount.txt"; : > "$OUT/seq-direct.txt"; : > "$OUT/small-mount.txt"; : > "$OUT/small-direct.txt"
-for i in $(seq "$RUNS"); do
-  say "run $i/$RUNS"
-  "$RB" seq "$WORK/mnt/big/large.bin" drop >> "$OUT/seq-mount.txt"
-  "$RB" seq "$CACHE_LARGE" keep >> "$OUT/seq-direct.txt"
-  "$RB" small "$OUT/mount-small.txt" 2 "$i" drop >> "$OUT/small-mount.txt"
-  "$RB" small "$OUT/cache-small.txt" 2 "$i" keep >> "$OUT/small-direct.txt"
-done
-
-sm=$(median < "$OUT/seq-mount.txt"); sd=$(median < "$OUT/seq-direct.txt")
-fm=$(median < "$OUT/small-mount.txt"); fd=$(median < "$OUT/small-direct.txt")
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
-{
-  echo "| case | through the mount | direct from cache dir | ratio |"
-  echo "| --- | --- | --- | --- |"
-  echo "| warm sequential, 1 MiB reads of 1 GiB (MiB/s) | $sm | $sd | $(ratio "$sm" "$sd") |"
-  echo "| warm small files, 10,000 x 112 KiB, 2 workers (files/s) | $fm | $fd | $(ratio "$fm" "$fd") |"
-  echo
-  echo "Cold first read through the mount (from the origin, page cache warm): sequential $cold_seq MiB/s, small files $cold_small files/s."
-  echo "Runs: $RUNS each, interleaved; medians. Raw: seq-mount=[$(paste -sd, "$OUT/seq-mount.txt")] seq-direct=[$(paste -sd, "$OUT/seq-direct.txt")] small-mount=[$(paste -sd, "$OUT/small-mount.txt")] small-direct=[$(paste -sd, "$OUT/small-direct.txt")]"
-} | tee "$OUT/results.md"
-"$EMBER" status
-kill $UP 2>/dev/null || true; wait $UP 2>/dev/null || true
-trap - EXIT
 
 # ---- peer sharing ----
-# Transport level: the Ember protocol vs a raw TCP stream of the same file on the same loopback.
-say "peer fill goodput vs raw TCP"
-{
-  echo
-  echo "| case | Ember | baseline | ratio |"
-  echo "| --- | --- | --- | --- |"
-  "$BUILD/bin/peer_bench" "$WORK/data/big/large.bin" "$RUNS" 1 | head -1
-  "$BUILD/bin/peer_bench" "$WORK/data/big/large.bin" "$RUNS" 2
-} | tee -a "$OUT/results.md"
-
 # End to end: node B reads a 1 GiB file through its mount, every block from node A's cache,
 # against node A's own first read of it from the origin (page cache of the origin warm).
 say "two nodes: B reads from A"
@@ -181,8 +114,6 @@ prefetch_run() {  # CACHE_ROOT LABEL
   rm -rf "$root/ember-pf"
 }
 prefetch_run "$WORK" "the one disk"
-shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1 || echo 0)
-if [ "${shm_free:-0}" -gt $((8 << 30)) ]; then prefetch_run /dev/shm "tmpfs"; fi
 
 # ---- scheduler: 500 nodes / 1000 pods and 10,000 / 10,000 through the real gRPC API ----
 say "scheduler"

@@ -50,6 +50,7 @@ if [ ! -f "$DATA/.done" ]; then
   "$RB" tree "$DATA/tree" 100 1000 1024
   touch "$DATA/.done"
 fi
+rm -f "$OUT"/images.* "$OUT"/tree.*  # path lists per system, made again by list_for
 find "$DATA/images" -type f | sort > "$OUT/images.native"
 find "$DATA/tree" -type f | sort > "$OUT/tree.native"
 
@@ -192,6 +193,13 @@ rotate() {  # RUN -> SYSTEMS rotated by RUN
 }
 
 # ---- warm cases ----
+# Start from an empty page cache (other data of this machine out of the way), then keep the
+# backing data of every system in RAM: read it again before each run (cheap when resident).
+sync; echo 3 > /proc/sys/vm/drop_caches
+warm_backing() {
+  find "$DATA/large" "$DATA/images" "$DATA/tree" "$WORK/ember-warm/cache/blocks" \
+    "$WORK/rclone-cache" -type f -print0 2>/dev/null | xargs -0 cat > /dev/null 2>&1 || true
+}
 start_warm_ember
 start_bindfs
 start_rclone
@@ -203,6 +211,7 @@ for sys in ember rclone; do
 done
 WARM_CASES=(seq1 seq2 rand4k1 rand4k2 rand128k1 rand128k2 small1 small2 find stat)
 for i in $(seq "$RUNS"); do
+  warm_backing
   for c in "${WARM_CASES[@]}"; do
     say "warm run $i/$RUNS: $c"
     for sys in $(rotate "$i"); do run_case "$c" "$sys"; done
