@@ -195,6 +195,11 @@ void BlockCache::MarkVerified(const BlockAddr& addr) {
   if (it != blocks_.end()) it->second.verified = true;
 }
 
+void BlockCache::MarkAllVerified() {
+  std::lock_guard lock(mu_);
+  for (auto& [addr, e] : blocks_) e.verified = true;
+}
+
 bool BlockCache::Resident(const BlockAddr& addr) {
   std::lock_guard lock(mu_);
   auto it = blocks_.find(addr);

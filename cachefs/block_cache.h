@@ -66,6 +66,9 @@ class BlockCache {
   // Records an access (hit or miss) for the policy; returns the pinned block or nullptr.
   PinPtr Acquire(const BlockAddr& addr);
   void MarkVerified(const BlockAddr& addr);
+  // Trusts every loaded block as verified: for an agent that took over from (or reattached after)
+  // one that ran on this cache moments ago, with no writer in between. Not after a restart.
+  void MarkAllVerified();
 
   enum class InsertResult { kStored, kNotAdmitted, kNoSpace, kError };
   // Stores a block of a file of `file_size` bytes at `offset`. kNotAdmitted: the policy kept the

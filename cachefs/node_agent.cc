@@ -96,6 +96,12 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   auto cache = BlockCache::Open(co);
   if (!cache.ok()) return cache.status();
   a->cache_ = std::move(*cache);
+  if (inherited) {
+    // The predecessor served (and verified) these blocks until a moment ago and nothing wrote
+    // the cache since: re-reading every block on first use (for passthrough: the whole file
+    // inside open) would stall the readers the takeover is meant to spare.
+    a->cache_->MarkAllVerified();
+  }
   struct statvfs vfs;
   if (statvfs(options.cache_dir.c_str(), &vfs) == 0) {
     uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;

@@ -111,7 +111,11 @@ ember_mode() {  # passthrough|daemon: replace the node by takeover if it serves 
   "${NODE_CMD[@]}" --takeover "${extra[@]}" > "$OUT/ember-node-$TAKEOVERS.log" 2>&1 &
   PIDS+=("$!")
   wait_for_log "$OUT/ember-node-$TAKEOVERS.log" "took over" "$!"
-  sleep 0.2  # the predecessor has exited
+  # Let the successor settle before measuring: manifests loaded, registered, block report sent
+  # (and the predecessor gone), so its start-up work is not counted in a case.
+  ls "$MNT/ember/large" "$MNT/ember/images/d0000" "$MNT/ember/tree/d0000" > /dev/null
+  wait_for_log "$OUT/ember-node-$TAKEOVERS.log" "registered with meta" "$!"
+  sleep 1
   NODE_MODE=$1
 }
 
