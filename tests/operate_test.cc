@@ -285,13 +285,9 @@ TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
   // Installed once per build dir; offline afterwards.
   std::string npm_dir = EMBER_BUILD_DIR "/npm-k8s";
   std::string out;
-  if (!fs::exists(npm_dir + "/node_modules/kubernetes-models")) {
-    fs::create_directories(npm_dir);
-    int rc = testing::RunShell("cd " + npm_dir +
-                                   " && npm install --no-audit --no-fund --silent "
-                                   "kubernetes-models@4 yaml@2",
-                               &out);
-    if (rc != 0) GTEST_SKIP() << "cannot install npm kubernetes-models: " << out;
+  if (testing::NpmInstallOnce(npm_dir, "kubernetes-models@4 yaml@2",
+                              "node_modules/kubernetes-models", &out) != 0) {
+    GTEST_SKIP() << "cannot install npm kubernetes-models: " << out;
   }
   fs::copy_file(EMBER_SOURCE_DIR "/tests/k8s/validate.mjs", npm_dir + "/validate.mjs",
                 fs::copy_options::overwrite_existing);

@@ -43,12 +43,8 @@ class S3Test : public ::testing::Test {
   void SetUp() override {
     npm_ = EMBER_BUILD_DIR "/npm-s3";
     std::string out;
-    if (!fs::exists(npm_ + "/node_modules/.bin/s3rver")) {
-      fs::create_directories(npm_);
-      if (testing::RunShell("cd " + npm_ + " && npm install --no-audit --no-fund --silent s3rver@3",
-                            &out) != 0) {
-        GTEST_SKIP() << "cannot install npm s3rver: " << out;
-      }
+    if (testing::NpmInstallOnce(npm_, "s3rver@3", "node_modules/.bin/s3rver", &out) != 0) {
+      GTEST_SKIP() << "cannot install npm s3rver: " << out;
     }
     endpoint_ = absl::StrCat("127.0.0.1:", testing::FreePort());
     fs::create_directories(dir_.Sub("s3data"));

@@ -227,6 +227,14 @@ int RunShell(const std::string& cmd, std::string* out) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+int NpmInstallOnce(const std::string& dir, const std::string& packages, const std::string& marker,
+                   std::string* out) {
+  std::filesystem::create_directories(dir);
+  return RunShell("cd '" + dir + "' && flock .install.lock sh -c 'test -e \"" + marker +
+                      "\" || npm install --no-audit --no-fund --silent " + packages + "'",
+                  out);
+}
+
 bool HaveCommand(const std::string& tool) {
   return RunShell("command -v " + tool + " >/dev/null") == 0;
 }

@@ -86,6 +86,10 @@ std::string PreadUncached(const std::string& path, uint64_t offset, size_t len, 
 int RunShell(const std::string& cmd, std::string* out = nullptr);
 // True if `tool` is on the PATH.
 bool HaveCommand(const std::string& tool);
+// Installs npm `packages` into `dir` unless `dir`/`marker` exists, under a file lock so tests
+// running in parallel do not install into one folder at once. Returns the shell's exit code.
+int NpmInstallOnce(const std::string& dir, const std::string& packages, const std::string& marker,
+                   std::string* out);
 
 // Peak resident set size (VmHWM) of a process in bytes, 0 if unknown.
 size_t PeakRss(pid_t pid);
