@@ -252,8 +252,15 @@ KernelFuse::~KernelFuse() {
       if (!o.passthrough && o.fs_handle != 0) fs_->Release(o.fs_handle);
     }
   }
-  if (session_ != nullptr) {
-    fuse_session_destroy(session_);  // closes fd_
+  if (session_ != nullptr && quiescing_) {
+    // Handed over: the mount stays. libfuse frees its copy of the mountpoint only when it
+    // unmounts, so the session is kept (reachable) until the process exits.
+    static std::vector<fuse_session*>* kept = new std::vector<fuse_session*>();
+    kept->push_back(session_);
+    close(fd_);
+  } else if (session_ != nullptr) {
+    fuse_session_unmount(session_);  // already detached by Stop(): closes fd_, frees its strings
+    fuse_session_destroy(session_);
   } else if (fd_ >= 0) {
     close(fd_);
   }
