@@ -118,7 +118,7 @@ void ReplyStruct(int fd, uint64_t unique, const T& body) {
   Reply(fd, unique, 0, {iovec{const_cast<T*>(&body), sizeof(T)}});
 }
 
-// Per-operation counts and latency, as the libfuse binding reports them (same metric).
+// Per-operation counts and latency, into the same metric as the libfuse binding.
 metrics::Histogram* OpHistogram(uint32_t opcode) {
   static std::mutex mu;
   static std::map<uint32_t, metrics::Histogram*> by_op;
@@ -162,11 +162,7 @@ metrics::Histogram* OpHistogram(uint32_t opcode) {
   }
   std::lock_guard lock(mu);
   auto& h = by_op[opcode];
-  if (h == nullptr) {
-    h = metrics::Global().GetHistogram("ember_fuse_request_seconds",
-                                       "FUSE requests by operation, until the reply.",
-                                       {{"op", name}});
-  }
+  if (h == nullptr) h = FuseOpHistogram(name);
   return h;
 }
 

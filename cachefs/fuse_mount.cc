@@ -50,9 +50,8 @@ void FillEntry(const Entry& e, fuse_entry_param* p) {
 
 // Per-operation request counts and latency (until the reply) for /metrics: one histogram per
 // operation, looked up once per call site.
-#define EMBER_FUSE_OP(op)                                                                          \
-  static metrics::Histogram* const op_histogram = metrics::Global().GetHistogram(                  \
-      "ember_fuse_request_seconds", "FUSE requests by operation, until the reply.", {{"op", op}}); \
+#define EMBER_FUSE_OP(op)                                              \
+  static metrics::Histogram* const op_histogram = FuseOpHistogram(op); \
   metrics::Timer op_timer(op_histogram)
 
 void OpInit(void* userdata, fuse_conn_info* conn) {
@@ -293,6 +292,11 @@ void LazyUnmount(const std::string& mountpoint) {
     _exit(127);
   }
   if (pid > 0) waitpid(pid, nullptr, 0);
+}
+
+metrics::Histogram* FuseOpHistogram(const std::string& op) {
+  return metrics::Global().GetHistogram(
+      "ember_fuse_request_seconds", "FUSE requests by operation, until the reply.", {{"op", op}});
 }
 
 absl::Status PrepareMountpoint(const std::string& mountpoint) {

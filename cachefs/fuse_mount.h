@@ -14,6 +14,9 @@
 
 struct fuse_session;
 struct fuse_lowlevel_ops;
+namespace ember::metrics {
+class Histogram;
+}
 
 namespace ember::cachefs {
 
@@ -47,6 +50,10 @@ absl::StatusOr<fuse_session*> MountSession(const std::string& mountpoint,
                                            const MountOptions& options,
                                            const ::fuse_lowlevel_ops* ops, void* userdata,
                                            std::string* resolved);
+// The per-operation FUSE request latency histogram (ember_fuse_request_seconds{op}) both
+// bindings report into.
+::ember::metrics::Histogram* FuseOpHistogram(const std::string& op);
+
 // Detaches a mount (umount2 MNT_DETACH, or fusermount3 -u -z when not root).
 void LazyUnmount(const std::string& mountpoint);
 

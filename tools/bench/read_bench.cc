@@ -62,6 +62,16 @@ int Gen(const std::string& file, uint64_t size, uint64_t seed) {
   return 0;
 }
 
+// The non-empty lines of a file: one path each.
+std::vector<std::string> ReadList(const std::string& list) {
+  std::vector<std::string> paths;
+  std::ifstream in(list);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) paths.push_back(line);
+  }
+  return paths;
+}
+
 int Seq(const std::string& file, bool drop) {
   if (drop) Drop(file);
   std::vector<char> buf(1 << 20);
@@ -85,11 +95,7 @@ int Seq(const std::string& file, bool drop) {
 }
 
 int Small(const std::string& list, int workers, unsigned seed, bool drop) {
-  std::vector<std::string> paths;
-  std::ifstream in(list);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) paths.push_back(line);
-  }
+  std::vector<std::string> paths = ReadList(list);
   if (drop) {
     for (const auto& p : paths) Drop(p);
   }
@@ -138,11 +144,7 @@ int Tree(const std::string& dir, int dirs, int files, uint64_t size) {
 }
 
 int Stat(const std::string& list) {
-  std::vector<std::string> paths;
-  std::ifstream in(list);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) paths.push_back(line);
-  }
+  std::vector<std::string> paths = ReadList(list);
   auto start = std::chrono::steady_clock::now();
   for (const auto& p : paths) {
     struct stat st;
@@ -156,11 +158,7 @@ int Stat(const std::string& list) {
 }
 
 int Stall(const std::string& list, double seconds, int workers) {
-  std::vector<std::string> paths;
-  std::ifstream in(list);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) paths.push_back(line);
-  }
+  std::vector<std::string> paths = ReadList(list);
   if (paths.empty()) return 1;
   std::atomic<uint64_t> reads{0}, failed{0}, max_us{0};
   auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
