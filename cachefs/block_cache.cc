@@ -29,10 +29,60 @@ int64_t NowMs() {
 
 uint64_t PolicyHash(const BlockAddr& a) { return MakeBlockId(a).lo; }
 
+constexpr size_t kDirectAlign = 4096;      // offset, length and memory alignment for O_DIRECT
+constexpr size_t kDirectChunk = 4u << 20;  // bounce buffer per writing thread
+
+// Writes all of data at offset; returns 0 or an errno.
+int PwriteFull(int fd, const char* data, size_t len, uint64_t offset) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = pwrite(fd, data + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno != EINTR) return errno;
+    } else if (n == 0) {
+      return EIO;
+    } else {
+      done += static_cast<size_t>(n);
+    }
+  }
+  return 0;
+}
+
+// Writes the aligned prefix of data through fd (opened with O_DIRECT): straight from data when
+// it is aligned in memory, else through a bounce buffer; then clears O_DIRECT and writes the
+// unaligned tail buffered. Returns 0 or an errno.
+int DirectWrite(int fd, std::string_view data, uint64_t offset) {
+  const size_t aligned = data.size() / kDirectAlign * kDirectAlign;
+  if (reinterpret_cast<uintptr_t>(data.data()) % kDirectAlign == 0) {
+    if (int err = PwriteFull(fd, data.data(), aligned, offset); err != 0) return err;
+  } else {
+    struct BounceBuffer {
+      char* p = nullptr;
+      ~BounceBuffer() { free(p); }
+    };
+    thread_local BounceBuffer bounce;
+    if (bounce.p == nullptr &&
+        posix_memalign(reinterpret_cast<void**>(&bounce.p), kDirectAlign, kDirectChunk) != 0) {
+      return ENOMEM;
+    }
+    for (size_t done = 0; done < aligned;) {
+      size_t n = std::min(kDirectChunk, aligned - done);
+      memcpy(bounce.p, data.data() + done, n);
+      if (int err = PwriteFull(fd, bounce.p, n, offset + done); err != 0) return err;
+      done += n;
+    }
+  }
+  if (aligned == data.size()) return 0;
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) return errno;
+  return PwriteFull(fd, data.data() + aligned, data.size() - aligned, offset + aligned);
+}
+
 }  // namespace
 
 BlockCache::BlockCache(const Options& options)
     : options_(options),
+      direct_writes_(options.direct_writes),
       policy_(std::max<uint64_t>(1, options.capacity_bytes / options.expected_block_size)) {}
 
 BlockCache::~BlockCache() {
@@ -132,6 +182,18 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
   spdlog::info("cache: {} resident blocks, {} of {} bytes used, in {}", cache->blocks_.size(),
                cache->used_, options.capacity_bytes, options.dir);
   return cache;
+}
+
+bool BlockCache::Touch(const BlockAddr& addr) {
+  std::lock_guard lock(mu_);
+  policy_.RecordAccess(PolicyHash(addr));
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end()) return false;
+  if (!it->second.writing && !it->second.doomed) {
+    LruUnlink(&*it);
+    LruPushFront(&*it);
+  }
+  return true;
 }
 
 BlockCache::PinPtr BlockCache::Acquire(const BlockAddr& addr) {
@@ -311,11 +373,20 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   // Write the bytes outside the lock, then commit through the index.
   std::string path = FilePath(addr);
   int err = 0;
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  bool direct = direct_writes_.load(std::memory_order_relaxed) && offset % kDirectAlign == 0;
+  int flags = O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  int fd = open(path.c_str(), flags, 0644);
   if (fd < 0 && errno == ENOENT) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-    fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd = open(path.c_str(), flags, 0644);
+  }
+  if (fd < 0 && direct && errno == EINVAL) {
+    spdlog::info("cache: {} does not take O_DIRECT; writing blocks through the page cache",
+                 options_.dir);
+    direct_writes_ = false;
+    direct = false;
+    fd = open(path.c_str(), flags & ~O_DIRECT, 0644);
   }
   if (fd < 0) {
     err = errno;
@@ -325,14 +396,18 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
         ftruncate(fd, static_cast<off_t>(file_size)) != 0) {
       err = errno;
     }
-    size_t done = 0;
-    while (err == 0 && done < len) {
-      ssize_t n = pwrite(fd, data.data() + done, len - done, static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno != EINTR) err = errno;
-      } else {
-        done += static_cast<size_t>(n);
-      }
+    if (err == 0) {
+      err = direct ? DirectWrite(fd, data.substr(0, len), offset)
+                   : PwriteFull(fd, data.data(), len, offset);
+    }
+    if (err == EINVAL && direct) {  // the file system takes O_DIRECT opens but not the writes
+      spdlog::info("cache: O_DIRECT writes refused under {}; writing through the page cache",
+                   options_.dir);
+      direct_writes_ = false;
+      int fl = fcntl(fd, F_GETFL);
+      err = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_DIRECT) == 0
+                ? PwriteFull(fd, data.data(), len, offset)
+                : errno;
     }
     if (err != 0) {
       fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), len);

@@ -14,6 +14,7 @@
 // Thread-safe; one mutex guards the in-memory state, disk writes happen outside it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -43,6 +44,10 @@ class BlockCache {
     std::string dir;
     uint64_t capacity_bytes = 0;
     uint64_t expected_block_size = kDefaultBlockSize;  // sizes the frequency sketch
+    // Writes blocks with O_DIRECT (the 4 KiB-aligned part of each): no page-cache copy and no
+    // dirty pages on the fill path; the bytes reach the page cache when first read. Falls back
+    // to buffered writes where the file system refuses O_DIRECT.
+    bool direct_writes = true;
   };
 
   // Opens (or creates) the cache and loads its index. Blocks whose cache file is missing are
@@ -65,6 +70,9 @@ class BlockCache {
 
   // Records an access (hit or miss) for the policy; returns the pinned block or nullptr.
   PinPtr Acquire(const BlockAddr& addr);
+  // Records an access served from elsewhere (a copy in memory) as Acquire would, without a pin.
+  // Returns false if the block is not in the cache (nor being written to it).
+  bool Touch(const BlockAddr& addr);
   void MarkVerified(const BlockAddr& addr);
   // Trusts every loaded block as verified: for an agent that took over from (or reattached after)
   // one that ran on this cache moments ago, with no writer in between. Not after a restart.
@@ -147,6 +155,7 @@ class BlockCache {
   void PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t length);
 
   Options options_;
+  std::atomic<bool> direct_writes_;  // cleared when the file system refuses O_DIRECT
   std::unique_ptr<rocksdb::DB> index_;
   std::mutex mu_;
   std::map<BlockAddr, Entry> blocks_;  // GUARDED_BY(mu_)

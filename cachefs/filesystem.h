@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cachefs/block_buffer.h"
 
 namespace ember::cachefs {
 
@@ -39,7 +40,7 @@ struct Segment {
   int fd = -1;
   uint64_t pos = 0;
   size_t len = 0;
-  std::shared_ptr<const std::string> mem;  // when fd < 0
+  std::shared_ptr<const BlockBuffer> mem;  // when fd < 0
   size_t mem_off = 0;
 };
 

@@ -27,6 +27,9 @@
 #ifndef FUSE_PASSTHROUGH
 #define FUSE_PASSTHROUGH (1ULL << 37)
 #endif
+#ifndef FUSE_DIRECT_IO_ALLOW_MMAP
+#define FUSE_DIRECT_IO_ALLOW_MMAP (1ULL << 36)
+#endif
 #ifndef FOPEN_PASSTHROUGH
 #define FOPEN_PASSTHROUGH (1 << 7)
 #endif
@@ -197,6 +200,7 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Adopt(FileSystem* fs, Ke
   // (or on again) without a remount.
   k->passthrough_ = state.passthrough && options.passthrough;
   k->negotiated_passthrough_ = state.passthrough;
+  k->direct_io_mmap_ = state.direct_io_mmap;
   k->next_fh_ = state.next_fh;
   k->stop_fd_ = eventfd(0, EFD_CLOEXEC);
   // Re-derive what the predecessor held: a FileSystem handle per open file, and the pins of
@@ -289,7 +293,7 @@ bool KernelFuse::HandleInit() {
     offered |= static_cast<uint64_t>(in->flags2) << 32;
   }
   uint64_t want = FUSE_ASYNC_READ | FUSE_DO_READDIRPLUS | FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES |
-                  FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT;
+                  FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT | FUSE_ASYNC_DIO | FUSE_DIRECT_IO_ALLOW_MMAP;
   if (options_.passthrough) want |= FUSE_PASSTHROUGH;
   uint64_t flags = offered & want;
   InitOut out;
@@ -306,9 +310,12 @@ bool KernelFuse::HandleInit() {
   out.max_pages = kMaxPages;
   passthrough_ = (flags & FUSE_PASSTHROUGH) != 0;
   negotiated_passthrough_ = passthrough_;
+  direct_io_mmap_ = (flags & FUSE_DIRECT_IO_ALLOW_MMAP) != 0;
   if (passthrough_) out.max_stack_depth = 1;  // backing files on a plain (unstacked) file system
   proto_minor_ = out.minor;
   ReplyStruct(fd_, h->unique, out);
+  // Only now: the kernel clamps the readahead to the INIT reply's max_readahead when it reads it.
+  if (options_.readahead_kb > 0) SetMountReadahead(mountpoint_, options_.readahead_kb);
   if (passthrough_) {
     spdlog::info("fuse: kernel protocol 7.{}; passthrough on (resident files read by the kernel)",
                  in->minor);
@@ -639,7 +646,12 @@ int KernelFuse::OpenFile(uint64_t ino, int flags, uint64_t* fh, uint32_t* open_f
   }
   if (!o.passthrough) {
     in.cached_opens++;
-    *open_flags = FOPEN_KEEP_CACHE;  // contents never change: later opens keep the page cache
+    // With passthrough, a file read through us is one not yet wholly cached: its bytes go
+    // straight into the reader's buffer (no page cache of the mount to fill and copy out of;
+    // once cached, opens read the cache file's page cache). Without passthrough the mount's
+    // page cache is the only one: keep it. Direct I/O needs the kernel's mmap support for it.
+    *open_flags = passthrough_ && direct_io_mmap_ ? FOPEN_DIRECT_IO
+                                                  : FOPEN_KEEP_CACHE;  // contents never change
     o.fs_handle = *h;
     daemon_opens_++;
   } else {
@@ -720,6 +732,7 @@ KernelFuseState KernelFuse::StateLocked() {
   s.mountpoint = mountpoint_;
   s.proto_minor = proto_minor_;
   s.passthrough = negotiated_passthrough_;
+  s.direct_io_mmap = direct_io_mmap_;
   s.next_fh = next_fh_;
   for (const auto& [fh, o] : opens_) s.open_files.push_back({fh, o.ino, o.passthrough});
   for (const auto& [ino, in] : inodes_) {

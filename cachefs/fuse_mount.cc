@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -377,6 +378,25 @@ absl::StatusOr<fuse_session*> MountSession(const std::string& mountpoint,
   }
   *resolved_mp = mp;
   return session;
+}
+
+bool SetMountReadahead(const std::string& mountpoint, uint32_t kb) {
+  std::ifstream mi("/proc/self/mountinfo");
+  std::string line, dev;
+  while (std::getline(mi, line)) {
+    // "ID PARENT MAJ:MIN ROOT MOUNTPOINT ...": the last match wins (the newest mount on top).
+    std::istringstream f(line);
+    std::string id, parent, majmin, root, mp;
+    if (f >> id >> parent >> majmin >> root >> mp && mp == mountpoint) dev = majmin;
+  }
+  std::string path = absl::StrCat("/sys/class/bdi/", dev, "/read_ahead_kb");
+  std::ofstream out(path);
+  if (dev.empty() || !(out << kb << "\n") || !out.flush()) {
+    spdlog::info("mount: cannot set the readahead of {} to {} KiB ({}); kernel default kept",
+                 mountpoint, kb, dev.empty() ? "not in mountinfo" : path);
+    return false;
+  }
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,

@@ -24,8 +24,16 @@ struct MountOptions {
   bool allow_other = false;  // let other users read the mount (needs user_allow_other or root)
   int max_threads = 16;
   bool passthrough = true;  // kernel binding: ask for FUSE passthrough of resident files
+  // The mount's readahead window (its bdi read_ahead_kb; the kernel's default is 128 KiB): a
+  // sequential reader of a file served by the agent gets requests of up to 1 MiB with this much
+  // in flight. 0 keeps the kernel's. Kernel binding; needs root (else the default stays).
+  uint32_t readahead_kb = 4096;
   bool debug = false;
 };
+
+// Sets read_ahead_kb of the FUSE mount at `mountpoint` (found in /proc/self/mountinfo, without
+// touching the mount itself). Logs and returns false when it cannot.
+bool SetMountReadahead(const std::string& mountpoint, uint32_t kb);
 
 // Checks a mountpoint before mounting: it must exist and be a directory that is not already a
 // live mount. A stale FUSE mount left by a crashed agent ("Transport endpoint is not connected")

@@ -125,6 +125,7 @@ absl::StatusOr<HttpResponse> HttpClient::Once(const HttpRequest& req) {
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
                    std::max(1L, static_cast<long>(options_.stall_timeout.count() / 1000)));
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);  // fewer recv calls per block
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);

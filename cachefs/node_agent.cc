@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   BlockCache::Options co;
   co.dir = options.cache_dir;
   co.capacity_bytes = options.cache_bytes;
+  co.direct_writes = options.direct_cache_writes;
   auto cache = BlockCache::Open(co);
   if (!cache.ok()) return cache.status();
   a->cache_ = std::move(*cache);

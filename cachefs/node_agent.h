@@ -45,6 +45,7 @@ struct NodeOptions {
   uint32_t gpus = 0;
   std::string cache_dir;
   uint64_t cache_bytes = 0;
+  bool direct_cache_writes = true;  // BlockCache::Options::direct_writes
   std::string mountpoint;
   MountOptions mount;
   int readahead_blocks = 2;

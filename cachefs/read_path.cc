@@ -89,6 +89,14 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
   const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
   bool filled = false;
   for (int attempt = 0; attempt < 5; attempt++) {
+    if (auto recent = RecentGet(addr)) {
+      // The policy sees every access, wherever it is served from. (A block it did not admit is
+      // offered again at its next fill, once it has left memory: offering it on every access
+      // here admits whatever is being read and thrashes a loop larger than the cache.)
+      cache_->Touch(addr);
+      if (!filled) hits_++;
+      return BlockBytes{nullptr, recent->data, filled};
+    }
     if (auto pin = cache_->Acquire(addr)) {
       if (!pin->verified) {
         if (!VerifyPinned(*pin)) continue;  // dropped; fill it again
@@ -96,10 +104,6 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       }
       if (!filled) hits_++;
       return BlockBytes{pin, nullptr, filled};
-    }
-    if (auto recent = RecentGet(addr)) {
-      if (!filled) hits_++;
-      return BlockBytes{nullptr, recent, filled};
     }
     filled = true;
     std::shared_ptr<Fill> fill = FillOnce(file, index, true, nullptr);
@@ -203,8 +207,7 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
   const uint64_t offset = index * file.block_size;
   const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
   misses_++;
-  auto data = std::make_shared<std::string>(len, '\0');
-  bool cached = false;
+  auto data = std::make_shared<BlockBuffer>(len);
   absl::Status st = absl::OkStatus();
   // A peer first: the origin is read once for the whole cluster.
   static metrics::Histogram* const peer_fill = metrics::Global().GetHistogram(
@@ -260,9 +263,8 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
     fill->cv.notify_all();
   }
   if (st.ok()) {
-    cached = cache_->Insert(addr, file.origin.size, offset, *data, sum) ==
-             BlockCache::InsertResult::kStored;
-    if (!cached) RecentPut(addr, data);
+    RecentPut({addr, data});
+    cache_->Insert(addr, file.origin.size, offset, data->view(), sum);  // or kept in memory
   }
   std::lock_guard lock(fill->mu);
   fill->settled = true;
@@ -337,22 +339,23 @@ void ReadPath::FlushPendingChecksums() {
   }
 }
 
-std::shared_ptr<const std::string> ReadPath::RecentGet(const BlockAddr& addr) {
+std::optional<ReadPath::Recent> ReadPath::RecentGet(const BlockAddr& addr) {
   std::lock_guard lock(recent_mu_);
   for (auto it = recent_.begin(); it != recent_.end(); ++it) {
-    if (it->first == addr) {
+    if (it->addr == addr) {
       recent_.splice(recent_.begin(), recent_, it);
-      return recent_.front().second;
+      return recent_.front();
     }
   }
-  return nullptr;
+  return std::nullopt;
 }
 
-void ReadPath::RecentPut(const BlockAddr& addr, std::shared_ptr<const std::string> data) {
-  if (options_.passthrough_blocks == 0) return;
+void ReadPath::RecentPut(Recent r) {
+  const size_t keep = options_.recent_blocks + std::max(0, options_.readahead_blocks);
+  if (keep == 0) return;
   std::lock_guard lock(recent_mu_);
-  recent_.emplace_front(addr, std::move(data));
-  if (recent_.size() > options_.passthrough_blocks) recent_.pop_back();
+  recent_.push_front(std::move(r));
+  if (recent_.size() > keep) recent_.pop_back();
 }
 
 void ReadPath::Readahead(const FileRef& file, uint64_t first, int count) {

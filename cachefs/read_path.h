@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,9 +63,10 @@ class ReadPath {
   struct Options {
     int readahead_blocks = 2;  // blocks filled ahead of a sequential reader
     int fill_threads = 2;      // background fills (readahead)
-    // Blocks filled but not admitted to the cache (policy, full disk) stay in memory this long
-    // (in blocks), so the kernel's many small reads of one block fetch it from the origin once.
-    size_t passthrough_blocks = 2;
+    // The last blocks filled stay in memory (this many besides the readahead window): the
+    // kernel's many small reads of a block just filled are served from there, not re-read from
+    // the cache file, and a block not admitted to the cache (policy, full disk) is fetched once.
+    size_t recent_blocks = 2;
   };
   // meta may be null (unit tests): checksums are then only kept locally. peers may be null: misses
   // then go straight to the origin.
@@ -104,13 +106,13 @@ class ReadPath {
     bool cached = false;
     bool from_peer = false;
     bool peer_only = false;                   // a prefetch that may not read the origin
-    std::shared_ptr<const std::string> data;  // the bytes, for readers waiting on the fill
+    std::shared_ptr<const BlockBuffer> data;  // the bytes, for readers waiting on the fill
     bool settled = false;  // the cache write after `done` finished (stored or not)
     bool already = false;  // nothing to fetch: another fill stored it after the caller looked
   };
   struct BlockBytes {
     BlockCache::PinPtr pin;                   // resident, or
-    std::shared_ptr<const std::string> data;  // served through
+    std::shared_ptr<const BlockBuffer> data;  // served through
     bool filled = false;                      // this read waited for a fill
   };
 
@@ -134,11 +136,16 @@ class ReadPath {
   std::mutex inflight_mu_;
   std::map<BlockAddr, std::shared_ptr<Fill>> inflight_;  // GUARDED_BY(inflight_mu_)
 
-  std::shared_ptr<const std::string> RecentGet(const BlockAddr& addr);
-  void RecentPut(const BlockAddr& addr, std::shared_ptr<const std::string> data);
+  // A block filled lately, kept in memory (options_.recent_blocks).
+  struct Recent {
+    BlockAddr addr;
+    std::shared_ptr<const BlockBuffer> data;
+  };
+  std::optional<Recent> RecentGet(const BlockAddr& addr);
+  void RecentPut(Recent r);
 
   std::mutex recent_mu_;
-  std::list<std::pair<BlockAddr, std::shared_ptr<const std::string>>> recent_;  // front = newest
+  std::list<Recent> recent_;  // front = newest
 
   std::mutex pending_mu_;
   std::vector<std::pair<BlockAddr, uint64_t>> pending_checksums_;

@@ -41,7 +41,7 @@ std::string Gather(const ReadResult& r) {
                 static_cast<ssize_t>(s.len));
       out += part;
     } else {
-      out += s.mem->substr(s.mem_off, s.len);
+      out += s.mem->view().substr(s.mem_off, s.len);
     }
   }
   return out;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -270,6 +271,42 @@ TEST_F(MountTest, ConcurrentColdReadersFillEachBlockOnce) {
   for (auto& t : readers) t.join();
   EXPECT_EQ(bad, 0);
   EXPECT_EQ(Settled(*node).origin_block_reads(), 17u);  // 64 MiB + a bit = 17 blocks
+}
+
+// mmap (safetensors, numpy memmap) of files read through the agent (not yet cached: direct I/O
+// opens with passthrough on) and of cached ones (passthrough), shared and private.
+TEST_F(MountTest, MmapOfColdAndCachedFilesGivesTheRightBytes) {
+  MakeDataset(/*big=*/false);
+  auto node = StartNode();
+  auto mapped = [](const std::string& path, int flags) -> std::string {
+    int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) return "open: " + std::string(strerror(errno));
+    struct stat st;
+    fstat(fd, &st);
+    void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, flags, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return "mmap: " + std::string(strerror(errno));
+    std::string out(static_cast<const char*>(p), static_cast<size_t>(st.st_size));
+    munmap(p, static_cast<size_t>(st.st_size));
+    return out;
+  };
+  for (int pass = 0; pass < 2; pass++) {  // cold, then cached
+    for (int i = 0; i < 6; i++) {
+      std::string rel = absl::StrCat("a/b/edge-", i);
+      std::string want = ReadFile(origin_ + "/" + rel);
+      for (int flags : {MAP_SHARED, MAP_PRIVATE}) {
+        std::string got = mapped(node->mount() + "/ds/" + rel, flags);
+        EXPECT_TRUE(got == want) << rel << " pass " << pass << " flags " << flags << ": "
+                                 << got.substr(0, 40);
+      }
+    }
+  }
+  // A cold file mapped while another reader streams it.
+  std::string want = ReadFile(origin_ + "/a/b/c/img-7.jpg");
+  std::thread reader(
+      [&] { EXPECT_TRUE(ReadUncached(node->mount() + "/ds/a/b/c/img-7.jpg") == want); });
+  EXPECT_TRUE(mapped(node->mount() + "/ds/a/b/c/img-7.jpg", MAP_SHARED) == want);
+  reader.join();
 }
 
 TEST_F(MountTest, OriginVanishedOrChangedGivesEioNotWrongBytes) {

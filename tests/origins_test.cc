@@ -118,6 +118,10 @@ TEST_F(S3Test, ObjectsThroughTheMountEqualTheObjects) {
   auto r = RunEmber({"dataset", "add", "s3ds", "s3://bkt/train", "--meta", meta.address()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find(absl::StrCat(names_.size(), " files")), std::string::npos) << r.out;
+  // Without --block-size an object store gets the larger remote default.
+  r = RunEmber({"dataset", "show", "s3ds", "--json", "--meta", meta.address()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["block_size"], 16 << 20) << r.out;
   NodeProcess node(dir_.Sub("node"), meta.address());
   ASSERT_TRUE(node.Start());
   int same = 0;

@@ -51,7 +51,7 @@ compare() {
     curl_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
     rm -rf "$WORK/cache"
     "$EMBER" node --meta "$META" --listen "127.0.0.1:$NODEP" --cache-dir "$WORK/cache" \
-      --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-2}" \
+      --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-2}" ${NODE_FLAGS:-} \
       > "$WORK/node.log" 2>&1 &
     node=$!
     for _ in $(seq 100); do grep -q "serving datasets" "$WORK/node.log" && break; sleep 0.1; done

@@ -77,15 +77,19 @@ void AddDatasetCommand(CLI::App& app) {
     auto* c = ds->add_subcommand("add", "Scan an origin and add it as a dataset");
     auto name = std::make_shared<std::string>();
     auto origin = std::make_shared<std::string>();
-    auto block = std::make_shared<std::string>("4MiB");
+    auto block = std::make_shared<std::string>();
     c->add_option("NAME", *name, "Dataset name")->required();
-    c->add_option("ORIGIN", *origin, "Absolute directory path or file:///path")->required();
-    c->add_option("--block-size", *block, "Block size (power of two, 64KiB..64MiB)")
-        ->capture_default_str();
+    c->add_option(
+         "ORIGIN", *origin,
+         "Absolute directory path, file:///path, s3://bucket/prefix or http(s)://host/path/")
+        ->required();
+    c->add_option("--block-size", *block,
+                  "Block size (power of two, 64KiB..64MiB; default 4MiB, 16MiB for s3:// and "
+                  "http(s):// origins)");
     add_common(c);
     c->add_flag("--json", *as_json, "Print JSON");
     c->callback([=] {
-      auto bs = ParseSize(*block);
+      auto bs = block->empty() ? absl::StatusOr<uint64_t>(0) : ParseSize(*block);  // 0: meta picks
       if (!bs.ok()) Fail(bs.status());
       Progress p("scanning " + *origin);
       auto r = client()->AddDataset(*name, *origin, *bs, ScanProgress(&p));

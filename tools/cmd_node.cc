@@ -45,6 +45,8 @@ struct NodeFlags {
   std::string metrics_listen;
   std::string fuse_binding = "kernel";
   bool no_passthrough = false;
+  bool buffered_cache_writes = false;
+  std::string fuse_readahead = "4MiB";
   bool takeover = false;
   bool supervise = false;
   MetaFlags meta;  // --token-file is also the token peers prove to each other
@@ -75,6 +77,11 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
       ->capture_default_str();
   c->add_flag("--no-passthrough", f->no_passthrough,
               "Serve every read through the agent, also of fully cached files");
+  c->add_option("--fuse-readahead", f->fuse_readahead,
+                "Readahead window of the mount for reads served by the agent (0: kernel default)")
+      ->capture_default_str();
+  c->add_flag("--buffered-cache-writes", f->buffered_cache_writes,
+              "Write filled blocks through the page cache instead of with O_DIRECT");
   if (!for_up) {
     c->add_flag("--supervise", f->supervise,
                 "Run the agent under a small supervisor that keeps the mount: if the agent "
@@ -105,6 +112,7 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.readahead_blocks = f.readahead;
   o.fuse_binding = f.fuse_binding;
   o.mount.passthrough = !f.no_passthrough;
+  o.direct_cache_writes = !f.buffered_cache_writes;
   o.takeover = f.takeover;
   if (const char* sup = std::getenv("EMBER_SUPERVISOR_FD"); sup != nullptr && *sup != '\0') {
     int fd = -1;
@@ -134,6 +142,10 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
     if (*size == 0) Fail("--cache-size must be larger than 0");
     o.cache_bytes = *size;
   }
+  auto ra = ParseSize(f.fuse_readahead);
+  if (!ra.ok()) Fail(ra.status());
+  if (*ra > (1ull << 30)) Fail("--fuse-readahead must be at most 1GiB");
+  o.mount.readahead_kb = static_cast<uint32_t>(*ra / 1024);
   if (!f.labels.empty()) {
     for (const std::string& part :
          std::vector<std::string>(absl::StrSplit(f.labels, ',', absl::SkipEmpty()))) {
