@@ -145,7 +145,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 
   ReadPath::Options ro;
   ro.readahead_blocks = options.readahead_blocks;
-  ro.fill_threads = options.fill_threads;
+  // One fill thread per readahead block at least: a thread is busy with a block's cache write
+  // after its fetch, and fewer threads than blocks in the window leaves the origin idle.
+  ro.fill_threads = std::max(options.fill_threads, options.readahead_blocks);
   a->read_path_ = std::make_unique<ReadPath>(a->cache_.get(), a->origin_.get(), a->meta_.get(), ro,
                                              a->peers_.get());
   a->manifests_ = std::make_unique<ManifestCache>(options.cache_dir + "/manifests");

@@ -48,7 +48,7 @@ struct NodeOptions {
   bool direct_cache_writes = true;  // BlockCache::Options::direct_writes
   std::string mountpoint;
   MountOptions mount;
-  int readahead_blocks = 2;
+  int readahead_blocks = 4;
   int fill_threads = 2;
   std::chrono::milliseconds report_interval{200};
   transport::TransportMode transport = transport::TransportMode::kAuto;

@@ -23,6 +23,7 @@ PeerFetcher::PeerFetcher(meta::MetaClient* meta, transport::BlockTransport* tran
 
 absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
   rpc::LocateRequest req;
+  req.set_node_id(options_.self_id);
   for (const auto& a : addrs) {
     auto* b = req.add_blocks();
     b->set_dataset_id(a.dataset_id);
@@ -37,6 +38,12 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
   if (located_.size() > kMaxLocated) located_.clear();
   for (int i = 0; i < resp->holders_size() && i < static_cast<int>(addrs.size()); i++) {
     const auto& h = resp->holders(i);
+    auto dsv = std::make_pair(addrs[i].dataset_id, addrs[i].version);
+    if (h.dataset_unheld()) {
+      unheld_[dsv] = now;
+    } else if (h.node_ids_size() > 0) {
+      unheld_.erase(dsv);
+    }
     Located l;
     l.at = now;
     l.has_checksum = h.has_checksum();
@@ -57,12 +64,21 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
   return absl::OkStatus();
 }
 
+bool PeerFetcher::LikelyUnheld(const BlockAddr& addr) {
+  std::lock_guard lock(mu_);
+  auto it = unheld_.find({addr.dataset_id, addr.version});
+  return it != unheld_.end() &&
+         std::chrono::steady_clock::now() - it->second <= options_.locate_ttl;
+}
+
 void PeerFetcher::Prefetch(const std::vector<BlockAddr>& addrs) {
   std::vector<BlockAddr> missing;
   auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard lock(mu_);
     for (const auto& a : addrs) {
+      auto u = unheld_.find({a.dataset_id, a.version});
+      if (u != unheld_.end() && now - u->second <= options_.locate_ttl) continue;
       auto it = located_.find(a);
       if (it == located_.end() || now - it->second.at > options_.locate_ttl) missing.push_back(a);
     }

@@ -45,6 +45,10 @@ class PeerFetcher {
   absl::StatusOr<uint64_t> Fetch(const BlockAddr& addr, uint32_t length, char* buf);
   // Looks up many blocks in one call so later Fetches find their holders cached.
   void Prefetch(const std::vector<BlockAddr>& addrs);
+  // Meta said within the last locate_ttl that no other live node holds any block of this
+  // block's dataset version: a fill that may read the origin need not ask (a cold first epoch
+  // then costs no Locate per block; a peer that gets blocks meanwhile is seen a moment later).
+  bool LikelyUnheld(const BlockAddr& addr);
 
   uint64_t errors() const { return errors_; }
   uint64_t fetches() const { return fetches_; }
@@ -72,6 +76,9 @@ class PeerFetcher {
   std::map<BlockAddr, Located> located_;                                   // GUARDED_BY(mu_)
   std::map<std::string, std::chrono::steady_clock::time_point> suspects_;  // GUARDED_BY(mu_)
   std::map<std::string, int> inflight_;                                    // GUARDED_BY(mu_)
+  // (dataset, version) -> when meta last said no other node holds any of it.
+  std::map<std::pair<uint32_t, uint32_t>, std::chrono::steady_clock::time_point>
+      unheld_;  // GUARDED_BY(mu_)
   std::atomic<uint64_t> errors_{0}, fetches_{0};
 };
 

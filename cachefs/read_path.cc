@@ -12,12 +12,15 @@
 namespace ember::cachefs {
 namespace {
 constexpr size_t kMaxQueuedReadahead = 64;
-}
+constexpr size_t kMaxQueuedWrites = 8;
+constexpr int kWriterThreads = 2;
+}  // namespace
 
 ReadPath::ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta,
                    const Options& options, PeerFetcher* peers)
     : cache_(cache), origin_(origin), meta_(meta), options_(options), peers_(peers) {
   for (int i = 0; i < options_.fill_threads; i++) workers_.emplace_back([this] { Worker(); });
+  for (int i = 0; i < kWriterThreads; i++) writers_.emplace_back([this] { Writer(); });
 }
 
 ReadPath::~ReadPath() {
@@ -27,6 +30,12 @@ ReadPath::~ReadPath() {
   }
   queue_cv_.notify_all();
   for (auto& t : workers_) t.join();
+  {
+    std::lock_guard lock(write_mu_);
+    writers_stopping_ = true;  // writers finish what is queued first
+  }
+  write_cv_.notify_all();
+  for (auto& t : writers_) t.join();
 }
 
 ReadStats ReadPath::GetStats() const {
@@ -172,8 +181,8 @@ std::shared_ptr<ReadPath::Fill> ReadPath::FillOnce(
     std::lock_guard lock(fill->mu);
     fill->already = fill->cached = fill->done = fill->settled = true;
     fill->cv.notify_all();
-  } else if (leader) {
-    FillBlock(file, index, fill.get(), allow_origin, before_origin);
+  } else if (leader && FillBlock(file, index, fill, allow_origin, before_origin)) {
+    return fill;  // a writer thread stores the block and ends the fill
   }
   if (leader) {
     std::lock_guard lock(inflight_mu_);
@@ -201,8 +210,8 @@ absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
   return fill->from_peer ? Source::kPeer : Source::kOrigin;
 }
 
-void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool allow_origin,
-                         const std::function<void(uint64_t)>* before_origin) {
+bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
+                         bool allow_origin, const std::function<void(uint64_t)>* before_origin) {
   const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
   const uint64_t offset = index * file.block_size;
   const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
@@ -221,7 +230,9 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - fill_start).count();
   };
   absl::StatusOr<uint64_t> from_peer = absl::NotFoundError("no peers");
-  if (peers_ != nullptr) from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), data->data());
+  if (peers_ != nullptr && !(allow_origin && peers_->LikelyUnheld(addr))) {
+    from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), data->data());
+  }
   uint64_t sum = 0;
   if (from_peer.ok()) {
     peer_fill->Observe(fill_seconds());
@@ -262,13 +273,50 @@ void ReadPath::FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool a
     fill->done = true;
     fill->cv.notify_all();
   }
-  if (st.ok()) {
-    RecentPut({addr, data});
-    cache_->Insert(addr, file.origin.size, offset, data->view(), sum);  // or kept in memory
+  if (!st.ok()) {
+    std::lock_guard lock(fill->mu);
+    fill->settled = true;
+    fill->cv.notify_all();
+    return false;
   }
-  std::lock_guard lock(fill->mu);
-  fill->settled = true;
-  fill->cv.notify_all();
+  RecentPut({addr, data});
+  Write w{addr, file.origin.size, offset, data, sum, fill};
+  {
+    std::lock_guard lock(write_mu_);
+    if (writes_.size() < kMaxQueuedWrites && !writers_stopping_) {
+      writes_.push_back(std::move(w));
+      write_cv_.notify_one();
+      return true;
+    }
+  }
+  Store(w);
+  return true;
+}
+
+void ReadPath::Store(const Write& w) {
+  cache_->Insert(w.addr, w.file_size, w.offset, w.data->view(), w.checksum);  // or kept in memory
+  {
+    std::lock_guard lock(w.fill->mu);
+    w.fill->settled = true;
+    w.fill->cv.notify_all();
+  }
+  std::lock_guard lock(inflight_mu_);
+  auto it = inflight_.find(w.addr);
+  if (it != inflight_.end() && it->second == w.fill) inflight_.erase(it);
+}
+
+void ReadPath::Writer() {
+  for (;;) {
+    Write w;
+    {
+      std::unique_lock lock(write_mu_);
+      write_cv_.wait(lock, [&] { return writers_stopping_ || !writes_.empty(); });
+      if (writes_.empty()) return;
+      w = std::move(writes_.front());
+      writes_.pop_front();
+    }
+    Store(w);
+  }
 }
 
 absl::Status ReadPath::CheckAgainstMeta(const BlockAddr& addr, uint64_t checksum) {

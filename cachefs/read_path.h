@@ -61,7 +61,7 @@ struct ReadStats {
 class ReadPath {
  public:
   struct Options {
-    int readahead_blocks = 2;  // blocks filled ahead of a sequential reader
+    int readahead_blocks = 4;  // blocks filled ahead of a sequential reader
     int fill_threads = 2;      // background fills (readahead)
     // The last blocks filled stay in memory (this many besides the readahead window): the
     // kernel's many small reads of a block just filled are served from there, not re-read from
@@ -122,8 +122,23 @@ class ReadPath {
                                  const std::function<void(uint64_t)>* before_origin);
   // Checks a pinned block's bytes once per agent lifetime. Returns false if they are wrong.
   bool VerifyPinned(const BlockCache::Pin& pin);
-  void FillBlock(const FileRef& file, uint64_t index, Fill* fill, bool allow_origin = true,
+  // Fetches and checks the block, hands the bytes to the fill's waiters, then stores it: on a
+  // writer thread when the queue has room, else here. Returns true when the fill succeeded (the
+  // store then settles it and ends it in inflight_), false when it failed (the caller ends it).
+  bool FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
+                 bool allow_origin = true,
                  const std::function<void(uint64_t)>* before_origin = nullptr);
+  // Stores a filled block, settles its fill and removes it from inflight_.
+  struct Write {
+    BlockAddr addr;
+    uint64_t file_size = 0;
+    uint64_t offset = 0;
+    std::shared_ptr<const BlockBuffer> data;
+    uint64_t checksum = 0;
+    std::shared_ptr<Fill> fill;
+  };
+  void Store(const Write& w);
+  void Writer();
   absl::Status CheckAgainstMeta(const BlockAddr& addr, uint64_t checksum);
   void Worker();
 
@@ -156,6 +171,14 @@ class ReadPath {
   std::deque<std::pair<FileRef, uint64_t>> queue_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
+
+  // Cache writes handed off by fills, so the reader that led a fill is answered before the write
+  // (bounded: a full queue makes the fill write itself, which slows fills to the disk's pace).
+  std::mutex write_mu_;
+  std::condition_variable write_cv_;
+  std::deque<Write> writes_;
+  bool writers_stopping_ = false;
+  std::vector<std::thread> writers_;
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_cache_{0}, bytes_origin_{0}, bytes_peers_{0},
       origin_reads_{0}, checksum_failures_{0};

@@ -686,10 +686,20 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     if (req->blocks_size() > kMaxBatch) return ToGrpc(TooMany(req->blocks_size()));
     {
       std::lock_guard lock(state_mu_);
+      std::map<std::pair<uint32_t, uint32_t>, bool> unheld;  // per dataset version asked about
       for (const auto& b : req->blocks()) {
         rpc::Holders* h = resp->add_holders();
         auto it = locations_.find(FileKey{b.dataset_id(), b.version(), b.file_id()});
-        if (it == locations_.end()) continue;
+        if (it == locations_.end() || it->second.empty()) {
+          auto key = std::make_pair(b.dataset_id(), b.version());
+          auto u = unheld.find(key);
+          if (u == unheld.end()) {
+            u = unheld.emplace(key, !HeldByOthersLocked(key.first, key.second, req->node_id()))
+                    .first;
+          }
+          h->set_dataset_unheld(u->second);
+          continue;
+        }
         for (const auto& [node_id, bitmap] : it->second) {
           if (!TestBit(bitmap, b.index())) continue;
           auto n = nodes_.find(node_id);
@@ -964,6 +974,19 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     RETURN_IF_ERROR(store_->DeleteVersionData(ds.id(), req.version()));
     DropLocations(ds.id(), req.version());
     return absl::OkStatus();
+  }
+
+  // Whether a live node other than `self` holds any block of the dataset version: a lookup in
+  // each node's ordered file set, O(nodes * log files).
+  bool HeldByOthersLocked(uint32_t ds, uint32_t version, const std::string& self) {
+    for (const auto& [node, files] : node_files_) {
+      if (node == self || files.empty()) continue;
+      auto n = nodes_.find(node);
+      if (n == nodes_.end() || !Alive(n->second)) continue;
+      auto f = files.lower_bound(FileKey{ds, version, 0});
+      if (f != files.end() && f->dataset_id == ds && f->version == version) return true;
+    }
+    return false;
   }
 
   // Forgets in-memory locations of a dataset (version 0 = all versions).

@@ -296,6 +296,45 @@ TEST_F(LeaseTest, ExpiredLeaseMarksNodeDeadAndHidesItsBlocks) {
   EXPECT_TRUE(c.Heartbeat("ghost", rpc::NodeStats())->reregister());
 }
 
+// Locate tells a node when no other live node holds anything of a dataset version, so a cold
+// first epoch need not ask again for every block.
+TEST_F(LeaseTest, LocateTellsWhenNoOtherLiveNodeHoldsTheDataset) {
+  ASSERT_EQ(Ember({"dataset", "add", "d", dir_.Sub("origin"), "--block-size", "1MiB"}).exit_code,
+            0);
+  auto& c = meta_->client();
+  ASSERT_TRUE(c.RegisterNode(MakeNode("n1", "127.0.0.2:7001")).ok());
+  ASSERT_TRUE(c.RegisterNode(MakeNode("n2", "127.0.0.3:7001")).ok());
+  auto unheld = [&](const std::string& asker, const rpc::BlockAddr& a) {
+    rpc::LocateRequest req;
+    req.set_node_id(asker);
+    *req.add_blocks() = a;
+    auto r = c.Locate(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() && r->holders(0).dataset_unheld();
+  };
+  EXPECT_TRUE(unheld("n1", Addr(1, 1, 6, 0)));  // nobody holds anything yet
+  rpc::ReportBlocksRequest r1;
+  r1.set_node_id("n1");
+  *r1.add_added() = Addr(1, 1, 5, 0);
+  ASSERT_TRUE(c.ReportBlocks(r1).ok());
+  EXPECT_TRUE(unheld("n1", Addr(1, 1, 6, 0)));   // only the asker holds some of it
+  EXPECT_FALSE(unheld("n2", Addr(1, 1, 6, 0)));  // n1 does
+  EXPECT_FALSE(unheld("", Addr(1, 1, 6, 0)));    // an anonymous caller: n1 does
+  EXPECT_FALSE(unheld("n2", Addr(1, 1, 5, 0)));  // the block itself is held
+  EXPECT_TRUE(unheld("n2", Addr(1, 2, 6, 0)));   // another version: nobody
+  // n1 goes silent and turns dead: its blocks no longer count.
+  std::atomic<bool> stop{false};
+  std::thread beat([&] {
+    while (!stop) {
+      (void)c.Heartbeat("n2", rpc::NodeStats());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  EXPECT_TRUE(WaitFor([&] { return unheld("n2", Addr(1, 1, 6, 0)); }, std::chrono::seconds(5)));
+  stop = true;
+  beat.join();
+}
+
 TEST_F(MetaIntegrationTest, EverythingSurvivesKill9) {
   ASSERT_EQ(Ember({"dataset", "add", "d", dir_.Sub("origin")}).exit_code, 0);
   WriteFile(dir_.Sub("origin/more"), "x");

@@ -144,13 +144,15 @@ TEST_F(PassthroughTest, NoPassthroughFlagServesEverythingThroughTheDaemon) {
 
 TEST_F(PassthroughTest, EvictionNeverPunchesAFileOpenInPassthrough) {
   // A 28 MiB cache: the open file holds 16 MiB of it, two 24 MiB files churn the rest (larger
-  // than the blocks the agent keeps in memory, so their blocks are fetched again and again).
+  // than the blocks the agent keeps in memory, readahead + 2 = 3 here, so their blocks are
+  // fetched again and again).
   WriteRandomFile(origin_ + "/held.bin", 16 * kMiB - 4096, 10);  // a size no other file has
   for (int i = 0; i < 2; i++)
     WriteRandomFile(absl::StrCat(origin_, "/churn-", i), 24 * kMiB, 20 + i);
   Ember({"dataset", "add", "ds", origin_});
   NodeProcess::Options o;
   o.cache_size = "28MiB";
+  o.extra_args = {"--readahead", "1"};
   auto node = StartNode(o);
   const std::string mnt = node->mount() + "/ds";
   const std::string want = ReadFile(origin_ + "/held.bin");

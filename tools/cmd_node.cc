@@ -39,7 +39,7 @@ struct NodeFlags {
   std::string labels;
   uint32_t gpus = 0;
   bool allow_other = false;
-  int readahead = 2;
+  int readahead = 4;
   std::string transport = "auto";
   std::string peer_timeout = "3s";
   std::string metrics_listen;
