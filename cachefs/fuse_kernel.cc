@@ -292,8 +292,9 @@ bool KernelFuse::HandleInit() {
   if ((in->flags & FUSE_INIT_EXT) && n >= static_cast<ssize_t>(sizeof(*h) + sizeof(*in))) {
     offered |= static_cast<uint64_t>(in->flags2) << 32;
   }
-  uint64_t want = FUSE_ASYNC_READ | FUSE_DO_READDIRPLUS | FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES |
-                  FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT | FUSE_ASYNC_DIO | FUSE_DIRECT_IO_ALLOW_MMAP;
+  uint64_t want = (options_.readdirplus ? FUSE_DO_READDIRPLUS : 0) | FUSE_ASYNC_READ |
+                  FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES | FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT |
+                  FUSE_ASYNC_DIO | FUSE_DIRECT_IO_ALLOW_MMAP;
   if (options_.passthrough) want |= FUSE_PASSTHROUGH;
   uint64_t flags = offered & want;
   InitOut out;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -55,11 +56,17 @@ void FillEntry(const Entry& e, fuse_entry_param* p) {
   static metrics::Histogram* const op_histogram = FuseOpHistogram(op); \
   metrics::Timer op_timer(op_histogram)
 
+std::atomic<bool> g_readdirplus{false};  // MountOptions::readdirplus of the libfuse mount
+
 void OpInit(void* userdata, fuse_conn_info* conn) {
   // Zero-copy replies from cache files, and large read requests.
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
-  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+  if (g_readdirplus && (conn->capable & FUSE_CAP_READDIRPLUS)) {
+    conn->want |= FUSE_CAP_READDIRPLUS;
+  } else {
+    conn->want &= ~FUSE_CAP_READDIRPLUS;
+  }
   conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
   conn->max_write = 1 << 20;  // also raises max_pages, so reads come in 1 MiB requests
   conn->max_readahead = 1 << 20;
@@ -405,6 +412,7 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
   std::unique_ptr<FuseMount> m(new FuseMount());
   m->fs_ = fs;
   m->options_ = options;
+  g_readdirplus = options.readdirplus;
   auto session = MountSession(mountpoint, options, &kOps, fs, &m->mountpoint_);
   if (!session.ok()) return session.status();
   m->session_ = *session;

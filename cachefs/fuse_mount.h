@@ -28,6 +28,10 @@ struct MountOptions {
   // sequential reader of a file served by the agent gets requests of up to 1 MiB with this much
   // in flight. 0 keeps the kernel's. Kernel binding; needs root (else the default stays).
   uint32_t readahead_kb = 4096;
+  // READDIRPLUS: listings carry every entry's attributes, so `ls -l` or a stat after a listing
+  // needs no LOOKUP, but the kernel then builds an inode per entry even for `find`/`scandir`,
+  // which need only names and types (4-5x slower listings of large folders). Off by default.
+  bool readdirplus = false;
   bool debug = false;
 };
 

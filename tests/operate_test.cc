@@ -124,6 +124,45 @@ TEST_F(OperateTest, MetricsAreRightAndPassPromtool) {
   }
 }
 
+// Listings are plain READDIR by default (find/scandir need only names and types); with
+// --readdirplus they carry attributes, and a stat of every listed entry needs no LOOKUP.
+TEST_F(OperateTest, ReaddirplusOnlyWhenAskedFor) {
+  for (bool plus : {false, true}) {
+    std::string maddr;
+    NodeProcess::Options o;
+    o.id = plus ? "plus" : "plain";
+    o.cache_size = "64MiB";
+    maddr = absl::StrCat("127.0.0.1:", testing::FreePort());
+    o.extra_args = {"--metrics-listen", maddr};
+    if (plus) o.extra_args.push_back("--readdirplus");
+    NodeProcess n(dir_.Sub(o.id), meta_->address(), o);
+    ASSERT_TRUE(n.Start());
+    auto ops = [&](const std::string& op) {
+      return Sample(HttpGet(maddr, "/metrics"),
+                    absl::StrCat("ember_fuse_request_seconds_count{op=\"", op, "\"}"));
+    };
+    const double lookups_before = std::max(0.0, ops("lookup"));
+    int listed = 0;
+    for (auto& e : fs::directory_iterator(n.mount() + "/ds/a")) {
+      struct stat st;
+      ASSERT_EQ(stat(e.path().c_str(), &st), 0);
+      EXPECT_GE(st.st_size, 3 << 20);
+      listed++;
+    }
+    EXPECT_EQ(listed, 6);
+    const double lookups = std::max(0.0, ops("lookup")) - lookups_before;
+    if (plus) {
+      EXPECT_GT(ops("readdirplus"), 0) << "--readdirplus was not used";
+      EXPECT_LT(lookups, 6) << "a stat after a readdirplus listing looked entries up again";
+    } else {
+      EXPECT_GT(ops("readdir"), 0);
+      EXPECT_LE(ops("readdirplus"), 0);
+      EXPECT_GE(lookups, 6) << "plain listings carry no attributes: each stat is a LOOKUP";
+    }
+    ASSERT_TRUE(n.Stop()) << n.Log();
+  }
+}
+
 TEST_F(OperateTest, PrometheusScrapesANodeAndAnswersAQuery) {
   if (!fs::exists("/usr/bin/prometheus"))
     GTEST_SKIP() << "prometheus not installed (Debian package prometheus)";
