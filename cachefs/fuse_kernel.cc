@@ -4,9 +4,9 @@
 #include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>
 #include <linux/fuse.h>
-#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -37,6 +37,21 @@ constexpr int kNotifyResend = 7;  // FUSE_NOTIFY_RESEND (7.40): requeue requests
 
 namespace ember::cachefs {
 namespace {
+
+constexpr int kWakeSignal = SIGUSR2;  // interrupts a worker's read(2); the handler does nothing
+
+// Installs the no-op handler for kWakeSignal once, without SA_RESTART (a restarted read would
+// not return). Other threads that get it see EINTR, which they retry.
+void InstallWakeHandler() {
+  static const bool installed = [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = [](int) {};
+    sigemptyset(&sa.sa_mask);
+    return sigaction(kWakeSignal, &sa, nullptr) == 0;
+  }();
+  (void)installed;
+}
 
 constexpr uint32_t kOurMinor = 40;          // what we speak: 7.40 (passthrough)
 constexpr uint32_t kMaxPages = 256;         // 1 MiB read requests
@@ -182,7 +197,6 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Mount(FileSystem* fs,
   if (!session.ok()) return session.status();
   k->session_ = *session;
   k->fd_ = fuse_session_fd(k->session_);
-  k->stop_fd_ = eventfd(0, EFD_CLOEXEC);
   spdlog::info("mount: serving datasets at {} (kernel protocol)", k->mountpoint_);
   return k;
 }
@@ -202,7 +216,6 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Adopt(FileSystem* fs, Ke
   k->negotiated_passthrough_ = state.passthrough;
   k->direct_io_mmap_ = state.direct_io_mmap;
   k->next_fh_ = state.next_fh;
-  k->stop_fd_ = eventfd(0, EFD_CLOEXEC);
   // Re-derive what the predecessor held: a FileSystem handle per open file, and the pins of
   // every file the kernel reads through a backing file (they must not be evicted meanwhile).
   size_t pinned = 0;
@@ -264,7 +277,6 @@ KernelFuse::~KernelFuse() {
   } else if (fd_ >= 0) {
     close(fd_);
   }
-  if (stop_fd_ >= 0) close(stop_fd_);
 }
 
 bool KernelFuse::HandleInit() {
@@ -350,6 +362,7 @@ void KernelFuse::Run() {
     if (!st.ok())
       spdlog::warn("fuse: the supervisor will not keep the mount: {}", std::string(st.message()));
   }
+  InstallWakeHandler();
   const int threads = std::max(1, options_.max_threads);
   // Cloned fds spread requests over per-fd queues; but the kernel aborts the requests being
   // processed on a clone when it is closed, as when this process dies. Under a supervisor the
@@ -370,7 +383,26 @@ void KernelFuse::Run() {
     workers_.emplace_back([this, fd] {
       Serve(fd);
       close(fd);
+      std::lock_guard lock(workers_mu_);
+      live_workers_--;
+      workers_cv_.notify_all();
     });
+  }
+  {
+    std::unique_lock lock(workers_mu_);
+    live_workers_ = static_cast<int>(workers_.size());
+    while (live_workers_ > 0) {
+      if (stopping_ || quiescing_) {
+        // A signal that lands just before a worker enters read(2) is lost: repeat until all
+        // have seen the flag (each finishes the request it holds first).
+        lock.unlock();
+        for (auto& t : workers_) pthread_kill(t.native_handle(), kWakeSignal);
+        lock.lock();
+        workers_cv_.wait_for(lock, std::chrono::milliseconds(5));
+      } else {
+        workers_cv_.wait(lock);  // a worker ended (unmounted from outside), or Stop/Quiesce
+      }
+    }
   }
   for (auto& t : workers_) t.join();
   workers_.clear();
@@ -381,19 +413,14 @@ void KernelFuse::Run() {
 }
 
 void KernelFuse::Serve(int fd) {
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a dup shares the description's flags
   std::vector<char> buf(kRequestBuffer);
   std::vector<char> scratch;
-  pollfd pfds[2] = {{fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-  while (true) {
+  while (!stopping_ && !quiescing_) {
     ssize_t n = read(fd, buf.data(), buf.size());
     if (n < 0) {
-      if (errno == EAGAIN) {
-        if (poll(pfds, 2, -1) < 0 && errno != EINTR) break;
-        if (pfds[1].revents & POLLIN) break;  // Stop() or Quiesce()
-        continue;
-      }
-      if (errno == EINTR || errno == ENOENT) continue;  // ENOENT: an interrupted request
+      if (errno == EINTR) continue;   // kWakeSignal from Run(): the loop checks why
+      if (errno == ENOENT) continue;  // an interrupted request
       if (errno != ENODEV) spdlog::error("fuse: reading /dev/fuse: {}", strerror(errno));
       break;  // ENODEV: unmounted
     }
@@ -706,16 +733,16 @@ void KernelFuse::Stop() {
     LazyUnmount(mountpoint_);
     spdlog::info("mount: unmounted {}", mountpoint_);
   }
-  if (stop_fd_ >= 0) {
-    uint64_t one = 1;
-    (void)!write(stop_fd_, &one, sizeof(one));
-  }
+  std::lock_guard lock(workers_mu_);
+  workers_cv_.notify_all();  // Run() signals the workers out of read(2)
 }
 
 KernelFuseState KernelFuse::Quiesce() {
   quiescing_ = true;
-  uint64_t one = 1;
-  (void)!write(stop_fd_, &one, sizeof(one));
+  {
+    std::lock_guard lock(workers_mu_);
+    workers_cv_.notify_all();
+  }
   {
     // Run() ends once every worker has answered what it took.
     std::unique_lock lock(mu_);

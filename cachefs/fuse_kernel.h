@@ -110,7 +110,6 @@ class KernelFuse final : public MountBinding {
   std::string mountpoint_;
   fuse_session* session_ = nullptr;  // libfuse, for mounting and unmounting only
   int fd_ = -1;
-  int stop_fd_ = -1;  // eventfd: readable once the workers should stop
   int supervisor_ = -1;
   bool adopted_ = false;
   uint32_t proto_minor_ = 0;
@@ -121,6 +120,11 @@ class KernelFuse final : public MountBinding {
   std::atomic<bool> quiescing_{false};
   std::atomic<bool> unmounted_{false};
   std::vector<std::thread> workers_;
+  // Workers block in read(2): the kernel wakes one of them per request (poll(2) woke all 16).
+  // To stop them, Run() signals each (kWakeSignal, no SA_RESTART) until all have returned.
+  std::mutex workers_mu_;
+  std::condition_variable workers_cv_;
+  int live_workers_ = 0;  // GUARDED_BY(workers_mu_)
   std::condition_variable served_cv_;
   bool served_done_ = false;  // GUARDED_BY(mu_): Run() has ended
 
