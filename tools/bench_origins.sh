@@ -42,7 +42,7 @@ sleep 0.5
 
 mbps() { python3 -c "print(f'{1024/$1:.0f}')"; }
 median() { printf "%s\n" "$@" | sort -n | sed -n 3p; }
-# compare LABEL "CURL COMMAND" MOUNT_PATH: 3 interleaved runs of curl and of a cold `cat` through
+# compare LABEL "CURL COMMAND" MOUNT_PATH: 5 interleaved runs of curl and of a cold `cat` through
 # a fresh node agent (empty cache), medians and the ratio.
 compare() {
   local label=$1 fetch=$2 file=$3 curl_runs=() ember_runs=() s e node

@@ -152,13 +152,15 @@ start_rclone() {  # fresh cache
 stop_rclone() { fusermount -u "$MNT/rclone" 2>/dev/null || true; sleep 0.5; }
 start_bindfs() { mkdir -p "$MNT/bindfs"; bindfs -o ro "$DATA" "$MNT/bindfs"; }
 
-# fio, one group: prints MiB/s (bw) or IOPS. Native is read warm (no invalidation).
+# fio, one group: prints MiB/s (bw) or IOPS. Native is read warm (no invalidation). FIO-ARGS
+# are options for every job, then jobs (--name=...); one job named "job" if they name none.
 fio_case() {  # SYS KIND(bw|iops) FIO-ARGS...
   local sys=$1 kind=$2; shift 2
-  local inv=1
+  local inv=1 job=(--name=job)
   [ "$sys" = native ] && inv=0
+  case " $* " in *" --name="*) job=() ;; esac
   fio --output-format=terse --terse-version=3 --group_reporting --ioengine=psync \
-    --invalidate=$inv --name=job "$@" 2> "$OUT/fio.err" |
+    --invalidate=$inv "$@" "${job[@]}" 2> "$OUT/fio.err" |
     awk -F';' -v k="$kind" '{ if (k == "bw") printf "%.1f\n", $7 / 1024; else printf "%.0f\n", $8 }'
 }
 run_case() {  # CASE SYS
