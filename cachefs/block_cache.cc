@@ -196,9 +196,9 @@ bool BlockCache::Touch(const BlockAddr& addr) {
   return true;
 }
 
-BlockCache::PinPtr BlockCache::Acquire(const BlockAddr& addr) {
+BlockCache::PinPtr BlockCache::Acquire(const BlockAddr& addr, bool record_access) {
   std::lock_guard lock(mu_);
-  policy_.RecordAccess(PolicyHash(addr));
+  if (record_access) policy_.RecordAccess(PolicyHash(addr));
   auto it = blocks_.find(addr);
   if (it == blocks_.end() || it->second.writing || it->second.doomed) return nullptr;
   Entry& e = it->second;

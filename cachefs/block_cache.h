@@ -69,7 +69,7 @@ class BlockCache {
   using PinPtr = std::shared_ptr<const Pin>;
 
   // Records an access (hit or miss) for the policy; returns the pinned block or nullptr.
-  PinPtr Acquire(const BlockAddr& addr);
+  PinPtr Acquire(const BlockAddr& addr, bool record_access = true);
   // Records an access served from elsewhere (a copy in memory) as Acquire would, without a pin.
   // Returns false if the block is not in the cache (nor being written to it).
   bool Touch(const BlockAddr& addr);

@@ -201,7 +201,7 @@ absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, uint64_t handle, uint64
   if (ra_first > 0) {
     read_path_->Readahead(h->ref, ra_first, static_cast<int>(h->readahead_next - ra_first));
   }
-  auto r = read_path_->Read(h->ref, offset, size);
+  auto r = read_path_->Read(h->ref, offset, size, &h->last_block);
   // Whatever kept the bytes from us (origin gone, changed, unreachable), the reader sees EIO;
   // the agent's log names the file and the reason.
   if (!r.ok()) return ErrnoStatus(EIO, std::string(r.status().message()));

@@ -42,8 +42,9 @@ class DatasetFs final : public FileSystem {
   struct Handle {
     FileRef ref;
     std::mutex mu;
-    uint64_t next_offset = 0;     // where a sequential reader reads next
-    uint64_t readahead_next = 0;  // first block not yet queued for readahead
+    uint64_t next_offset = 0;                      // where a sequential reader reads next
+    uint64_t readahead_next = 0;                   // first block not yet queued for readahead
+    std::atomic<uint64_t> last_block{UINT64_MAX};  // ReadPath::Read: counted per block visit
   };
 
   // Resolves a non-root inode. Returns: NotFound.

@@ -54,14 +54,16 @@ ReadStats ReadPath::GetStats() const {
   return s;
 }
 
-absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size) {
+absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size,
+                                          std::atomic<uint64_t>* last_block) {
   ReadResult result;
   const uint64_t file_size = file.origin.size;
   if (offset >= file_size || size == 0) return result;
   const uint64_t end = std::min<uint64_t>(file_size, offset + size);
   const uint64_t bs = file.block_size;
   for (uint64_t index = offset / bs; index * bs < end; index++) {
-    auto block = GetBlock(file, index);
+    const bool count = last_block == nullptr || last_block->exchange(index) != index;
+    auto block = GetBlock(file, index, count);
     if (!block.ok()) return block.status();
     uint64_t block_start = index * bs;
     uint64_t from = std::max(offset, block_start);
@@ -94,7 +96,8 @@ absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, 
   return result;
 }
 
-absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uint64_t index) {
+absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uint64_t index,
+                                                        bool count) {
   const BlockAddr addr{file.dataset_id, file.version, file.file_id, index};
   bool filled = false;
   for (int attempt = 0; attempt < 5; attempt++) {
@@ -102,11 +105,11 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       // The policy sees every access, wherever it is served from. (A block it did not admit is
       // offered again at its next fill, once it has left memory: offering it on every access
       // here admits whatever is being read and thrashes a loop larger than the cache.)
-      cache_->Touch(addr);
+      if (count) cache_->Touch(addr);
       if (!filled) hits_++;
       return BlockBytes{nullptr, recent->data, filled};
     }
-    if (auto pin = cache_->Acquire(addr)) {
+    if (auto pin = cache_->Acquire(addr, count)) {
       if (!pin->verified) {
         if (!VerifyPinned(*pin)) continue;  // dropped; fill it again
         cache_->MarkVerified(addr);
@@ -442,7 +445,7 @@ void ReadPath::Worker() {
             {job.first.dataset_id, job.first.version, job.first.file_id, job.second})) {
       continue;
     }
-    (void)GetBlock(job.first, job.second);
+    (void)GetBlock(job.first, job.second, /*count=*/false);  // the reader's visit counts
   }
 }
 

@@ -76,7 +76,11 @@ class ReadPath {
 
   // Returns: the segments covering [offset, offset+size) clipped to the file size; NotFound /
   // FailedPrecondition / Unavailable from the origin when a block cannot be had (as EIO).
-  absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size);
+  // `last_block` (optional, per open file): the cache policy counts a block once per visit of a
+  // reader, not once per kernel request (one read of a block is 4-32 requests, which saturated
+  // every block's frequency at once, so no block ever looked hotter than another).
+  absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size,
+                                  std::atomic<uint64_t>* last_block = nullptr);
   // Queues background fills of blocks [first, first+count) that are not resident.
   void Readahead(const FileRef& file, uint64_t first, int count);
 
@@ -116,7 +120,9 @@ class ReadPath {
     bool filled = false;                      // this read waited for a fill
   };
 
-  absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index);
+  // `count`: tell the cache policy of this access (not for readahead, nor again for the block
+  // a reader is already in).
+  absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index, bool count = true);
   // Single-flight: joins the fill in flight for the block, or runs one. Returns it finished.
   std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, bool allow_origin,
                                  const std::function<void(uint64_t)>* before_origin);
