@@ -38,7 +38,8 @@ struct KernelFuseState {
   int fd = -1;  // /dev/fuse of the mount
   std::string mountpoint;
   uint32_t proto_minor = 0;
-  bool passthrough = false;  // negotiated at INIT
+  bool passthrough = false;     // negotiated at INIT
+  bool direct_io_mmap = false;  // FUSE_DIRECT_IO_ALLOW_MMAP negotiated at INIT
   uint64_t next_fh = 1;
   struct OpenFile {
     uint64_t fh = 0;
@@ -114,6 +115,7 @@ class KernelFuse final : public MountBinding {
   uint32_t proto_minor_ = 0;
   std::atomic<bool> passthrough_{false};  // new opens of resident files use passthrough
   bool negotiated_passthrough_ = false;   // the kernel agreed at INIT (kept across takeovers)
+  bool direct_io_mmap_ = false;           // FUSE_DIRECT_IO_ALLOW_MMAP agreed at INIT
   std::atomic<bool> stopping_{false};
   std::atomic<bool> quiescing_{false};
   std::atomic<bool> unmounted_{false};

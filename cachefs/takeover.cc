@@ -93,6 +93,7 @@ nlohmann::json ToJson(const KernelFuseState& s) {
   j["mountpoint"] = s.mountpoint;
   j["proto_minor"] = s.proto_minor;
   j["passthrough"] = s.passthrough;
+  j["direct_io_mmap"] = s.direct_io_mmap;
   j["next_fh"] = s.next_fh;
   j["open_files"] = nlohmann::json::array();
   for (const auto& f : s.open_files) {
@@ -111,6 +112,7 @@ absl::StatusOr<KernelFuseState> FromJson(const std::string& text) {
     s.mountpoint = j.at("mountpoint").get<std::string>();
     s.proto_minor = j.at("proto_minor").get<uint32_t>();
     s.passthrough = j.at("passthrough").get<bool>();
+    s.direct_io_mmap = j.value("direct_io_mmap", false);  // absent from older agents
     s.next_fh = j.at("next_fh").get<uint64_t>();
     for (const auto& f : j.at("open_files")) {
       s.open_files.push_back({f.at("fh").get<uint64_t>(), f.at("ino").get<uint64_t>(),

@@ -128,6 +128,8 @@ class MountTest : public ::testing::Test {
     EXPECT_GT(files, 0);
   }
 
+  void MmapChecks(NodeProcess& node);
+
   TempDir dir_;
   std::string origin_;
   std::unique_ptr<MetaProcess> meta_;
@@ -276,11 +278,22 @@ TEST_F(MountTest, ConcurrentColdReadersFillEachBlockOnce) {
   EXPECT_EQ(Settled(*node).origin_block_reads(), 17u);  // 64 MiB + a bit = 17 blocks
 }
 
-// mmap (safetensors, numpy memmap) of files read through the agent (not yet cached: direct I/O
-// opens with passthrough on) and of cached ones (passthrough), shared and private.
+// mmap (safetensors, numpy memmap) of files read through the agent (not yet cached; also as
+// direct-I/O opens with --direct-io) and of cached ones (passthrough), shared and private.
 TEST_F(MountTest, MmapOfColdAndCachedFilesGivesTheRightBytes) {
   MakeDataset(/*big=*/false);
-  auto node = StartNode();
+  for (bool direct_io : {false, true}) {
+    NodeProcess::Options o;
+    o.id = direct_io ? "dio" : "n1";
+    if (direct_io) o.extra_args = {"--direct-io"};
+    auto node = StartNode(o);
+    MmapChecks(*node);
+    EXPECT_TRUE(node->Stop()) << node->Log();
+  }
+}
+
+void MountTest::MmapChecks(NodeProcess& n) {
+  NodeProcess* node = &n;
   auto mapped = [](const std::string& path, int flags) -> std::string {
     int fd = open(path.c_str(), O_RDONLY);
     if (fd < 0) return "open: " + std::string(strerror(errno));

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Remote-origin benchmark (part of `make bench`): an S3-compatible server (npm s3rver) on
 # loopback. (1) cold read of a 1 GiB object through an Ember mount vs `curl` of the same object
-# from the same server, interleaved, 5 runs each, medians; (2) `ember prefetch` of 5,000 small
+# from the same server, interleaved, 5 runs each, medians (also with `ember node --direct-io`),
+# and the same against nginx (HTTP origin); (2) `ember prefetch` of 5,000 small
 # objects (objects/s). Usage: tools/bench_origins.sh BUILD_DIR
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
@@ -44,14 +45,15 @@ mbps() { python3 -c "print(f'{1024/$1:.0f}')"; }
 median() { printf "%s\n" "$@" | sort -n | sed -n 3p; }
 # compare LABEL "CURL COMMAND" MOUNT_PATH: 5 interleaved runs of curl and of a cold `cat` through
 # a fresh node agent (empty cache), medians and the ratio.
-compare() {
+compare() {  # LABEL FETCH FILE [NODE FLAGS...]
   local label=$1 fetch=$2 file=$3 curl_runs=() ember_runs=() s e node
+  shift 3
   for run in 1 2 3 4 5; do
     s=$(date +%s.%N); $fetch -o /dev/null; e=$(date +%s.%N)
     curl_runs+=("$(mbps "$(echo "$e - $s" | bc)")")
     rm -rf "$WORK/cache"
     "$EMBER" node --meta "$META" --listen "127.0.0.1:$NODEP" --cache-dir "$WORK/cache" \
-      --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-4}" ${NODE_FLAGS:-} \
+      --cache-size 2GiB --mount "$WORK/mnt" --node-id bench --readahead "${READAHEAD:-4}" ${NODE_FLAGS:-} "$@" \
       > "$WORK/node.log" 2>&1 &
     node=$!
     for _ in $(seq 100); do grep -q "serving datasets" "$WORK/node.log" && break; sleep 0.1; done
@@ -64,6 +66,9 @@ compare() {
   echo "origins: $label: ember $m MiB/s vs curl $c MiB/s (medians of 5; runs: ember ${ember_runs[*]}, curl ${curl_runs[*]}) = $(python3 -c "print(f'{$m/$c:.2f}')")x"
 }
 compare "cold 1 GiB object from S3" "$S3 http://127.0.0.1:$S3P/bkt/big/big.bin" big/big.bin
+# The same with --direct-io (no page cache of the mount for files not yet cached).
+compare "cold 1 GiB object from S3, --direct-io" "$S3 http://127.0.0.1:$S3P/bkt/big/big.bin" \
+  big/big.bin --direct-io
 
 # The same comparison against nginx (C, not CPU-bound here): an HTTP origin with a JSON index.
 if [ -x /usr/sbin/nginx ]; then
@@ -83,6 +88,8 @@ NG
   "$EMBER" dataset add web "http://127.0.0.1:$NGP/web/" --meta "$META" > /dev/null
   compare "cold 1 GiB file over HTTP (nginx)" "curl -sf http://127.0.0.1:$NGP/web/big.bin" \
     web/big.bin
+  compare "cold 1 GiB file over HTTP (nginx), --direct-io" \
+    "curl -sf http://127.0.0.1:$NGP/web/big.bin" web/big.bin --direct-io
   rm -f "$WORK/www/web/big.bin"
 fi
 

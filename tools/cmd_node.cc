@@ -47,6 +47,7 @@ struct NodeFlags {
   bool no_passthrough = false;
   bool buffered_cache_writes = false;
   bool readdirplus = false;
+  bool direct_io = false;
   std::string fuse_readahead = "4MiB";
   bool takeover = false;
   bool supervise = false;
@@ -84,6 +85,9 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_flag("--readdirplus", f->readdirplus,
               "Listings carry attributes (faster `ls -l`; `find` and scandir of large folders "
               "several times slower)");
+  c->add_flag("--direct-io", f->direct_io,
+              "Read files not yet cached without the mount's page cache (faster cold reads in "
+              "large requests; small reads become one round trip each)");
   c->add_flag("--buffered-cache-writes", f->buffered_cache_writes,
               "Write filled blocks through the page cache instead of with O_DIRECT");
   if (!for_up) {
@@ -118,6 +122,7 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.mount.passthrough = !f.no_passthrough;
   o.direct_cache_writes = !f.buffered_cache_writes;
   o.mount.readdirplus = f.readdirplus;
+  o.mount.direct_io = f.direct_io;
   o.takeover = f.takeover;
   if (const char* sup = std::getenv("EMBER_SUPERVISOR_FD"); sup != nullptr && *sup != '\0') {
     int fd = -1;
