@@ -29,8 +29,7 @@ int64_t NowMs() {
 
 uint64_t PolicyHash(const BlockAddr& a) { return MakeBlockId(a).lo; }
 
-constexpr size_t kDirectAlign = 4096;      // offset, length and memory alignment for O_DIRECT
-constexpr size_t kDirectChunk = 4u << 20;  // bounce buffer per writing thread
+constexpr size_t kDirectAlign = 4096;  // offset, length and memory alignment for O_DIRECT
 
 // Writes all of data at offset; returns 0 or an errno.
 int PwriteFull(int fd, const char* data, size_t len, uint64_t offset) {
@@ -48,30 +47,11 @@ int PwriteFull(int fd, const char* data, size_t len, uint64_t offset) {
   return 0;
 }
 
-// Writes the aligned prefix of data through fd (opened with O_DIRECT): straight from data when
-// it is aligned in memory, else through a bounce buffer; then clears O_DIRECT and writes the
-// unaligned tail buffered. Returns 0 or an errno.
+// Writes data at offset through fd (opened with O_DIRECT, data 4 KiB-aligned in memory): the
+// aligned part straight from data, then the unaligned tail with O_DIRECT cleared. 0 or an errno.
 int DirectWrite(int fd, std::string_view data, uint64_t offset) {
   const size_t aligned = data.size() / kDirectAlign * kDirectAlign;
-  if (reinterpret_cast<uintptr_t>(data.data()) % kDirectAlign == 0) {
-    if (int err = PwriteFull(fd, data.data(), aligned, offset); err != 0) return err;
-  } else {
-    struct BounceBuffer {
-      char* p = nullptr;
-      ~BounceBuffer() { free(p); }
-    };
-    thread_local BounceBuffer bounce;
-    if (bounce.p == nullptr &&
-        posix_memalign(reinterpret_cast<void**>(&bounce.p), kDirectAlign, kDirectChunk) != 0) {
-      return ENOMEM;
-    }
-    for (size_t done = 0; done < aligned;) {
-      size_t n = std::min(kDirectChunk, aligned - done);
-      memcpy(bounce.p, data.data() + done, n);
-      if (int err = PwriteFull(fd, bounce.p, n, offset + done); err != 0) return err;
-      done += n;
-    }
-  }
+  if (int err = PwriteFull(fd, data.data(), aligned, offset); err != 0) return err;
   if (aligned == data.size()) return 0;
   int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) return errno;
@@ -184,16 +164,13 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
   return cache;
 }
 
-bool BlockCache::Touch(const BlockAddr& addr) {
+void BlockCache::Touch(const BlockAddr& addr) {
   std::lock_guard lock(mu_);
   policy_.RecordAccess(PolicyHash(addr));
   auto it = blocks_.find(addr);
-  if (it == blocks_.end()) return false;
-  if (!it->second.writing && !it->second.doomed) {
-    LruUnlink(&*it);
-    LruPushFront(&*it);
-  }
-  return true;
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return;
+  LruUnlink(&*it);
+  LruPushFront(&*it);
 }
 
 BlockCache::PinPtr BlockCache::Acquire(const BlockAddr& addr, bool record_access) {
@@ -373,7 +350,9 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   // Write the bytes outside the lock, then commit through the index.
   std::string path = FilePath(addr);
   int err = 0;
-  bool direct = direct_writes_.load(std::memory_order_relaxed) && offset % kDirectAlign == 0;
+  // O_DIRECT needs aligned memory: fills use BlockBuffers; other callers' bytes go buffered.
+  bool direct = direct_writes_.load(std::memory_order_relaxed) && offset % kDirectAlign == 0 &&
+                reinterpret_cast<uintptr_t>(data.data()) % kDirectAlign == 0;
   int flags = O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0);
   int fd = open(path.c_str(), flags, 0644);
   if (fd < 0 && errno == ENOENT) {

@@ -44,7 +44,8 @@ class BlockCache {
     std::string dir;
     uint64_t capacity_bytes = 0;
     uint64_t expected_block_size = kDefaultBlockSize;  // sizes the frequency sketch
-    // Writes blocks with O_DIRECT (the 4 KiB-aligned part of each): no page-cache copy and no
+    // Writes blocks with O_DIRECT (the 4 KiB-aligned part of each, when the caller's bytes are
+    // 4 KiB-aligned in memory, as BlockBuffers are): no page-cache copy and no
     // dirty pages on the fill path; the bytes reach the page cache when first read. Falls back
     // to buffered writes where the file system refuses O_DIRECT.
     bool direct_writes = true;
@@ -71,8 +72,7 @@ class BlockCache {
   // Records an access (hit or miss) for the policy; returns the pinned block or nullptr.
   PinPtr Acquire(const BlockAddr& addr, bool record_access = true);
   // Records an access served from elsewhere (a copy in memory) as Acquire would, without a pin.
-  // Returns false if the block is not in the cache (nor being written to it).
-  bool Touch(const BlockAddr& addr);
+  void Touch(const BlockAddr& addr);
   void MarkVerified(const BlockAddr& addr);
   // Trusts every loaded block as verified: for an agent that took over from (or reattached after)
   // one that ran on this cache moments ago, with no writer in between. Not after a restart.

@@ -35,8 +35,8 @@ std::string ReadPin(const BlockCache::Pin& p) {
 }
 
 // Direct (O_DIRECT) and buffered writes store the same bytes: from an aligned BlockBuffer, from
-// unaligned memory (bounce buffer), with an unaligned tail; the bytes read back right through the
-// page cache afterwards, and a buffered read before the write does not leave stale zeros.
+// unaligned memory (written buffered), with an unaligned tail; the bytes read back right through
+// the page cache afterwards, and a buffered read before the write does not leave stale zeros.
 TEST(BlockCacheTest, DirectAndBufferedWritesStoreTheSameBytes) {
   for (bool direct : {true, false}) {
     testing::TempDir dir;
@@ -62,7 +62,8 @@ TEST(BlockCacheTest, DirectAndBufferedWritesStoreTheSameBytes) {
       EXPECT_EQ(before.substr(0, kBlock), std::string(kBlock, '\0'));
       close(fd);
     }
-    std::string unaligned = "." + want.substr(0, kBlock);  // data() + 1 is not 4 KiB-aligned
+    std::string unaligned =
+        "." + want.substr(0, kBlock);  // data() + 1 is not 4 KiB-aligned: buffered
     ASSERT_EQ(cache->Insert({1, 1, 9, 0}, file_size, 0, std::string_view(unaligned).substr(1), 2),
               BlockCache::InsertResult::kStored);
     BlockBuffer tail(2 * kBlock + 777 - kBlock);  // blocks 2 (kBlock) and a 777-byte block 3

@@ -66,9 +66,12 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
 
 bool PeerFetcher::LikelyUnheld(const BlockAddr& addr) {
   std::lock_guard lock(mu_);
+  return UnheldLocked(addr, std::chrono::steady_clock::now());
+}
+
+bool PeerFetcher::UnheldLocked(const BlockAddr& addr, std::chrono::steady_clock::time_point now) {
   auto it = unheld_.find({addr.dataset_id, addr.version});
-  return it != unheld_.end() &&
-         std::chrono::steady_clock::now() - it->second <= options_.locate_ttl;
+  return it != unheld_.end() && now - it->second <= options_.locate_ttl;
 }
 
 void PeerFetcher::Prefetch(const std::vector<BlockAddr>& addrs) {
@@ -77,8 +80,7 @@ void PeerFetcher::Prefetch(const std::vector<BlockAddr>& addrs) {
   {
     std::lock_guard lock(mu_);
     for (const auto& a : addrs) {
-      auto u = unheld_.find({a.dataset_id, a.version});
-      if (u != unheld_.end() && now - u->second <= options_.locate_ttl) continue;
+      if (UnheldLocked(a, now)) continue;
       auto it = located_.find(a);
       if (it == located_.end() || now - it->second.at > options_.locate_ttl) missing.push_back(a);
     }

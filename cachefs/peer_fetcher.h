@@ -65,6 +65,7 @@ class PeerFetcher {
   };
 
   absl::Status Locate(const std::vector<BlockAddr>& addrs);
+  bool UnheldLocked(const BlockAddr& addr, std::chrono::steady_clock::time_point now);
   static metrics::Counter* ErrorCounter(const char* kind);
   bool Suspect(const std::string& id);
   void MarkSuspect(const std::string& id);
