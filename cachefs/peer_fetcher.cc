@@ -54,8 +54,9 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
                            j < h.switches_size() ? h.switches(j) : "",
                            j < h.racks_size() ? h.racks(j) : ""});
     }
-    // "Nobody has it" is not cached: during a prefetch the answer changes within moments.
-    if (l.holders.empty()) {
+    // "Nobody has it" is kept only for meta's checksum (KnownChecksum): Fetch and Prefetch ask
+    // again, since during a prefetch the holders change within moments.
+    if (l.holders.empty() && !l.has_checksum) {
       located_.erase(addrs[i]);
     } else {
       located_[addrs[i]] = std::move(l);
@@ -74,6 +75,16 @@ bool PeerFetcher::UnheldLocked(const BlockAddr& addr, std::chrono::steady_clock:
   return it != unheld_.end() && now - it->second <= options_.locate_ttl;
 }
 
+std::optional<uint64_t> PeerFetcher::KnownChecksum(const BlockAddr& addr) {
+  std::lock_guard lock(mu_);
+  auto it = located_.find(addr);
+  if (it == located_.end() || !it->second.has_checksum ||
+      std::chrono::steady_clock::now() - it->second.at > options_.locate_ttl) {
+    return std::nullopt;
+  }
+  return it->second.checksum;
+}
+
 void PeerFetcher::Prefetch(const std::vector<BlockAddr>& addrs) {
   std::vector<BlockAddr> missing;
   auto now = std::chrono::steady_clock::now();
@@ -82,7 +93,10 @@ void PeerFetcher::Prefetch(const std::vector<BlockAddr>& addrs) {
     for (const auto& a : addrs) {
       if (UnheldLocked(a, now)) continue;
       auto it = located_.find(a);
-      if (it == located_.end() || now - it->second.at > options_.locate_ttl) missing.push_back(a);
+      if (it == located_.end() || it->second.holders.empty() ||
+          now - it->second.at > options_.locate_ttl) {
+        missing.push_back(a);
+      }
     }
   }
   if (!missing.empty()) (void)Locate(missing);
@@ -115,7 +129,7 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
   {
     std::lock_guard lock(mu_);
     auto it = located_.find(addr);
-    if (it != located_.end() &&
+    if (it != located_.end() && !it->second.holders.empty() &&
         std::chrono::steady_clock::now() - it->second.at <= options_.locate_ttl) {
       l = it->second;
       cached = true;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,8 @@ class PeerFetcher {
   // block's dataset version: a fill that may read the origin need not ask (a cold first epoch
   // then costs no Locate per block; a peer that gets blocks meanwhile is seen a moment later).
   bool LikelyUnheld(const BlockAddr& addr);
+  // Meta's checksum of the block from a Locate answer of the last locate_ttl, if it had one.
+  std::optional<uint64_t> KnownChecksum(const BlockAddr& addr);
 
   uint64_t errors() const { return errors_; }
   uint64_t fetches() const { return fetches_; }

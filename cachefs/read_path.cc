@@ -12,8 +12,16 @@
 namespace ember::cachefs {
 namespace {
 constexpr size_t kMaxQueuedReadahead = 64;
-constexpr size_t kMaxQueuedWrites = 8;
+// Write-behind bounds: blocks (small files fill fast and claim their checksums in batches) and
+// bytes (large blocks).
+constexpr size_t kMaxQueuedWrites = 64;
+constexpr uint64_t kMaxQueuedWriteBytes = 64ull << 20;
 constexpr int kWriterThreads = 2;
+
+absl::Status OriginChanged() {
+  return absl::FailedPreconditionError(
+      "origin bytes differ from those first read for this dataset version (origin changed)");
+}
 }  // namespace
 
 ReadPath::ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta,
@@ -209,6 +217,9 @@ absl::StatusOr<ReadPath::Source> ReadPath::Prefetch(
     // A prefetch counts (and pins) resident blocks: wait for the cache write, not just the bytes.
     std::unique_lock lock(fill->mu);
     fill->cv.wait(lock, [&] { return fill->settled; });
+    if (fill->conflict) {
+      return OriginChanged();
+    }
   }
   return fill->from_peer ? Source::kPeer : Source::kOrigin;
 }
@@ -237,6 +248,7 @@ bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_
     from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), data->data());
   }
   uint64_t sum = 0;
+  bool claim = false;
   if (from_peer.ok()) {
     peer_fill->Observe(fill_seconds());
     bytes_peers_ += len;
@@ -253,7 +265,15 @@ bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_
       origin_reads_++;
       bytes_origin_ += len;
       sum = BlockChecksum(data->data(), len);
-      st = CheckAgainstMeta(addr, sum);
+      // Meta's checksum, when a Locate told it, is checked before anyone gets the bytes; else
+      // ours is claimed after the reply (a writer thread, batched with other fills).
+      std::optional<uint64_t> known =
+          peers_ != nullptr ? peers_->KnownChecksum(addr) : std::nullopt;
+      if (Conflicting(addr) || (known && *known != sum)) {
+        st = OriginChanged();
+      } else {
+        claim = meta_ != nullptr && !known;
+      }
     }
   }
   if (!st.ok() && allow_origin) {
@@ -283,71 +303,110 @@ bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_
     return false;
   }
   RecentPut({addr, data});
-  Write w{addr, file.origin.size, offset, data, sum, fill};
+  std::vector<Write> ws;
+  ws.push_back(Write{addr, file.origin.size, offset, data, sum, fill, claim,
+                     claim ? absl::StrCat(file.dataset_name, " block ", index, " of ",
+                                          file.origin.root, "/", file.origin.path)
+                           : std::string()});
   {
     std::lock_guard lock(write_mu_);
-    if (writes_.size() < kMaxQueuedWrites && !writers_stopping_) {
-      writes_.push_back(std::move(w));
+    if (writes_.size() < kMaxQueuedWrites &&
+        queued_write_bytes_ + len <= std::max<uint64_t>(kMaxQueuedWriteBytes, len) &&
+        !writers_stopping_) {
+      queued_write_bytes_ += len;
+      writes_.push_back(std::move(ws.front()));
       write_cv_.notify_one();
       return true;
     }
   }
-  Store(w);
+  StoreAll(ws);
   return true;
 }
 
-void ReadPath::Store(const Write& w) {
-  cache_->Insert(w.addr, w.file_size, w.offset, w.data->view(), w.checksum);  // or kept in memory
-  {
-    std::lock_guard lock(w.fill->mu);
-    w.fill->settled = true;
-    w.fill->cv.notify_all();
+void ReadPath::StoreAll(std::vector<Write>& ws) {
+  std::vector<bool> conflict = ClaimChecksums(ws);
+  for (size_t i = 0; i < ws.size(); i++) {
+    const Write& w = ws[i];
+    if (conflict[i]) {
+      RecentErase(w.addr);
+      {
+        std::lock_guard lock(pending_mu_);
+        conflicts_.insert(w.addr);
+      }
+      spdlog::error(
+          "read: {}: the origin's bytes differ from those first read for this dataset version "
+          "(the origin changed in place); not cached, later reads fail; run `ember dataset "
+          "refresh`",
+          w.where);
+    } else {
+      cache_->Insert(w.addr, w.file_size, w.offset, w.data->view(),
+                     w.checksum);  // or kept in memory
+    }
+    {
+      std::lock_guard lock(w.fill->mu);
+      w.fill->conflict = conflict[i];
+      w.fill->settled = true;
+      w.fill->cv.notify_all();
+    }
+    std::lock_guard lock(inflight_mu_);
+    auto it = inflight_.find(w.addr);
+    if (it != inflight_.end() && it->second == w.fill) inflight_.erase(it);
   }
-  std::lock_guard lock(inflight_mu_);
-  auto it = inflight_.find(w.addr);
-  if (it != inflight_.end() && it->second == w.fill) inflight_.erase(it);
 }
 
 void ReadPath::Writer() {
   for (;;) {
-    Write w;
+    std::vector<Write> ws;
     {
       std::unique_lock lock(write_mu_);
       write_cv_.wait(lock, [&] { return writers_stopping_ || !writes_.empty(); });
       if (writes_.empty()) return;
-      w = std::move(writes_.front());
-      writes_.pop_front();
+      while (!writes_.empty()) {  // all that queued up: one meta call for their checksums
+        queued_write_bytes_ -= writes_.front().data->size();
+        ws.push_back(std::move(writes_.front()));
+        writes_.pop_front();
+      }
     }
-    Store(w);
+    StoreAll(ws);
   }
 }
 
-absl::Status ReadPath::CheckAgainstMeta(const BlockAddr& addr, uint64_t checksum) {
-  if (meta_ == nullptr) return absl::OkStatus();
+std::vector<bool> ReadPath::ClaimChecksums(const std::vector<Write>& ws) {
+  std::vector<bool> conflict(ws.size(), false);
   rpc::RecordChecksumsRequest req;
-  auto* c = req.add_checksums();
-  c->mutable_block()->set_dataset_id(addr.dataset_id);
-  c->mutable_block()->set_version(addr.version);
-  c->mutable_block()->set_file_id(addr.file_id);
-  c->mutable_block()->set_index(addr.index);
-  c->set_checksum(checksum);
+  std::vector<size_t> which;
+  for (size_t i = 0; i < ws.size(); i++) {
+    if (!ws[i].claim) continue;
+    auto* c = req.add_checksums();
+    c->mutable_block()->set_dataset_id(ws[i].addr.dataset_id);
+    c->mutable_block()->set_version(ws[i].addr.version);
+    c->mutable_block()->set_file_id(ws[i].addr.file_id);
+    c->mutable_block()->set_index(ws[i].addr.index);
+    c->set_checksum(ws[i].checksum);
+    which.push_back(i);
+  }
+  if (which.empty() || meta_ == nullptr) return conflict;
   auto r = meta_->RecordChecksums(req);
   if (!r.ok()) {
-    // Meta is down: keep serving; the checksum is recorded when it returns.
+    // Meta is down: keep serving; the checksums are recorded when it returns.
     if (!meta_down_logged_.exchange(true)) {
       spdlog::warn("read: cannot record checksums in meta ({}); will retry",
                    std::string(r.status().message()));
     }
     std::lock_guard lock(pending_mu_);
-    pending_checksums_.emplace_back(addr, checksum);
-    return absl::OkStatus();
+    for (size_t i : which) pending_checksums_.emplace_back(ws[i].addr, ws[i].checksum);
+    return conflict;
   }
   meta_down_logged_ = false;
-  if (r->conflict_size() > 0 && r->conflict(0)) {
-    return absl::FailedPreconditionError(
-        "origin bytes differ from those first read for this dataset version (origin changed)");
+  for (size_t k = 0; k < which.size() && k < static_cast<size_t>(r->conflict_size()); k++) {
+    conflict[which[k]] = r->conflict(static_cast<int>(k));
   }
-  return absl::OkStatus();
+  return conflict;
+}
+
+bool ReadPath::Conflicting(const BlockAddr& addr) {
+  std::lock_guard lock(pending_mu_);
+  return conflicts_.count(addr) > 0;
 }
 
 void ReadPath::FlushPendingChecksums() {
@@ -386,6 +445,8 @@ void ReadPath::FlushPendingChecksums() {
           pending[i].first.dataset_id, pending[i].first.version, pending[i].first.file_id,
           pending[i].first.index);
       cache_->Drop(pending[i].first);
+      std::lock_guard lock(pending_mu_);
+      conflicts_.insert(pending[i].first);
     }
   }
 }
@@ -399,6 +460,11 @@ std::optional<ReadPath::Recent> ReadPath::RecentGet(const BlockAddr& addr) {
     }
   }
   return std::nullopt;
+}
+
+void ReadPath::RecentErase(const BlockAddr& addr) {
+  std::lock_guard lock(recent_mu_);
+  recent_.remove_if([&](const Recent& r) { return r.addr == addr; });
 }
 
 void ReadPath::RecentPut(Recent r) {

@@ -6,10 +6,13 @@
 //   1. resident -> pin it; the first time this agent serves it, re-read and check its XXH3
 //      against the index (a mismatch drops the block and refills it; wrong bytes never go out);
 //   2. miss -> join the fill in flight for that block, or start one: from a peer that holds it
-//      (PeerFetcher; bytes must match meta's checksum), else read from the origin, check
-//      against meta's checksum for the block (record ours if we are first; a conflict means the
-//      origin changed since the version was taken -> EIO), store in the cache (if the policy
-//      admits it), and report it to meta through the cache's change log.
+//      (PeerFetcher; bytes must match meta's checksum), else read from the origin (which
+//      refuses a file whose size, mtime or ETag changed); if a Locate told meta's checksum of
+//      the block, bytes that differ are refused (the origin changed in place -> EIO); the
+//      readers get the bytes; then a writer thread claims the checksum in meta for blocks
+//      whose checksum was not known, many fills in one call (first writer wins), and stores
+//      the block in the cache (if the policy admits it; reported to meta through the cache's
+//      change log). A block whose claim conflicts is not stored, and later reads of it fail.
 // Thread-safe.
 #pragma once
 
@@ -23,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,8 +115,9 @@ class ReadPath {
     bool from_peer = false;
     bool peer_only = false;                   // a prefetch that may not read the origin
     std::shared_ptr<const BlockBuffer> data;  // the bytes, for readers waiting on the fill
-    bool settled = false;  // the cache write after `done` finished (stored or not)
-    bool already = false;  // nothing to fetch: another fill stored it after the caller looked
+    bool settled = false;   // the cache write after `done` finished (stored or not)
+    bool conflict = false;  // meta holds another checksum for the block: not stored
+    bool already = false;   // nothing to fetch: another fill stored it after the caller looked
   };
   struct BlockBytes {
     BlockCache::PinPtr pin;                   // resident, or
@@ -142,10 +147,18 @@ class ReadPath {
     std::shared_ptr<const BlockBuffer> data;
     uint64_t checksum = 0;
     std::shared_ptr<Fill> fill;
+    bool claim = false;  // read from the origin with no checksum known: record it in meta first
+    std::string where;   // "DATASET block N of PATH", for the log
   };
-  void Store(const Write& w);
+  // Claims the checksums of the writes that need it in one meta call, then stores each write
+  // (or, on a conflict, remembers the block as conflicting and stores nothing).
+  void StoreAll(std::vector<Write>& ws);
   void Writer();
-  absl::Status CheckAgainstMeta(const BlockAddr& addr, uint64_t checksum);
+  // Per write: whether meta holds a different checksum. Meta unreachable: none, and the
+  // checksums wait in pending_checksums_ (a later conflict drops the stored block).
+  std::vector<bool> ClaimChecksums(const std::vector<Write>& ws);
+  bool Conflicting(const BlockAddr& addr);
+  void RecentErase(const BlockAddr& addr);
   void Worker();
 
   BlockCache* cache_;
@@ -170,6 +183,9 @@ class ReadPath {
 
   std::mutex pending_mu_;
   std::vector<std::pair<BlockAddr, uint64_t>> pending_checksums_;
+  // Blocks whose origin bytes differed from meta's checksum: fills of them fail (EIO) until the
+  // dataset is refreshed (a new version has new addresses).
+  std::set<BlockAddr> conflicts_;  // GUARDED_BY(pending_mu_)
   std::atomic<bool> meta_down_logged_{false};
 
   std::mutex queue_mu_;
@@ -183,6 +199,7 @@ class ReadPath {
   std::mutex write_mu_;
   std::condition_variable write_cv_;
   std::deque<Write> writes_;
+  uint64_t queued_write_bytes_ = 0;
   bool writers_stopping_ = false;
   std::vector<std::thread> writers_;
 

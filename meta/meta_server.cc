@@ -712,10 +712,10 @@ class MetaServiceImpl final : public rpc::Meta::Service {
         }
       }
     }
-    // Checksums let the caller verify what a peer sends.
+    // Checksums let the caller verify what a peer sends, or what it reads from the origin
+    // when no peer holds the block any more.
     for (int i = 0; i < req->blocks_size(); i++) {
       rpc::Holders* h = resp->mutable_holders(i);
-      if (h->node_ids_size() == 0) continue;
       auto sum = store_->GetChecksum(FromProto(req->blocks(i)));
       if (sum.ok() && sum->has_value()) {
         h->set_has_checksum(true);

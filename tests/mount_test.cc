@@ -347,6 +347,61 @@ TEST_F(MountTest, OriginVanishedOrChangedGivesEioNotWrongBytes) {
   EXPECT_FALSE(fs::exists(node->mount() + "/ds@2/a/small.txt"));
 }
 
+// Bytes another node read first (meta holds their checksums) and the origin now has other bytes
+// under the same size and mtime (changed in place, mtime put back): never cached, never shared,
+// and reads fail with the refresh hint. Meta's checksum, when a Locate told it, refuses the bytes
+// before the reply; when the fill skipped Locate (a cold epoch), the claim after the reply finds
+// the conflict and later reads fail.
+TEST_F(MountTest, OriginChangedInPlaceIsRefusedAndNotCached) {
+  MakeDataset(false);
+  meta::MetaClient& client = meta_->client();
+  auto ds = client.GetDataset("ds");
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  std::map<std::string, uint64_t> ids;
+  ASSERT_TRUE(client
+                  .ForEachManifestEntry(
+                      "ds", 0, [&](const rpc::FileEntry& e) { ids[e.name()] = e.file_id(); })
+                  .ok());
+  rpc::RecordChecksumsRequest other;  // what "another node" read: not these files' bytes
+  for (const char* name : {"img-1.jpg", "img-2.jpg"}) {
+    ASSERT_TRUE(ids.count(name)) << name;
+    auto* c = other.add_checksums();
+    c->mutable_block()->set_dataset_id(ds->id());
+    c->mutable_block()->set_version(ds->latest_version());
+    c->mutable_block()->set_file_id(ids[name]);
+    c->mutable_block()->set_index(0);
+    c->set_checksum(0x0123456789abcdefULL);
+  }
+  ASSERT_TRUE(client.RecordChecksums(other).ok());
+
+  auto node = StartNode();
+  std::string dir = node->mount() + "/ds/a/b/c/";
+  // The node's first fill asks meta (Locate), which tells the checksum: refused before the reply.
+  EXPECT_EQ(ReadErrno(dir + "img-1.jpg"), EIO);
+  // Right after, a cold fill may skip Locate (nobody else holds the dataset): the origin's bytes
+  // reach this reader or the read fails; either way the claim conflicts and nothing is cached.
+  int first = ReadErrno(dir + "img-2.jpg");
+  EXPECT_TRUE(first == 0 || first == EIO) << first;
+  EXPECT_TRUE(WaitFor([&] { return node->Log().find("img-2.jpg") != std::string::npos; },
+                      std::chrono::seconds(10)))
+      << node->Log();
+  EXPECT_EQ(ReadErrno(dir + "img-2.jpg"), EIO);
+  EXPECT_EQ(ReadErrno(dir + "img-1.jpg"), EIO);
+  std::string log = node->Log();
+  EXPECT_NE(log.find("ember dataset refresh"), std::string::npos) << log;
+  // Meta keeps the first checksums; other files read as ever.
+  rpc::GetChecksumsRequest get;
+  for (const auto& c : other.checksums()) *get.add_blocks() = c.block();
+  auto have = client.GetChecksums(get);
+  ASSERT_TRUE(have.ok()) << have.status();
+  ASSERT_EQ(have->checksums_size(), 2);
+  EXPECT_EQ(have->checksums(0), 0x0123456789abcdefULL);
+  EXPECT_EQ(have->checksums(1), 0x0123456789abcdefULL);
+  EXPECT_TRUE(ReadUncached(dir + "img-3.jpg") == ReadFile(origin_ + "/a/b/c/img-3.jpg"));
+  rpc::NodeStats st = Settled(*node);
+  EXPECT_EQ(st.resident_blocks(), 1u) << "only img-3.jpg is cached";
+}
+
 TEST_F(MountTest, BadInputIsRefusedClearly) {
   MakeDataset(false);
   std::string meta = meta_->address();
