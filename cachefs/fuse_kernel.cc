@@ -53,6 +53,8 @@ void InstallWakeHandler() {
   (void)installed;
 }
 
+void WakeThread(std::thread& t) { pthread_kill(t.native_handle(), kWakeSignal); }
+
 constexpr uint32_t kOurMinor = 40;          // what we speak: 7.40 (passthrough)
 constexpr uint32_t kMaxPages = 256;         // 1 MiB read requests
 constexpr size_t kRequestBuffer = 1 << 17;  // a request: headers + a name; no writes come
@@ -111,29 +113,64 @@ void FillEntry(const Entry& e, fuse_entry_out* o) {
   FillAttr(e.attr, &o->attr);
 }
 
-// One reply: the header and up to a few pieces. ENOENT from the write means the request was
-// interrupted meanwhile; nothing to do.
-void Reply(int fd, uint64_t unique, int error, std::initializer_list<iovec> parts) {
-  iovec iov[8];
+}  // namespace
+
+// Where a request's reply goes: written to the /dev/fuse fd it was read from, or into the ring
+// entry it came in (FuseUring).
+struct KernelFuse::Channel {
+  int fd = -1;
+  RingReply* ring = nullptr;
+};
+
+namespace {
+
+// One reply: the header and pieces (iov[0] is left for the header). ENOENT from the write means
+// the request was interrupted meanwhile; nothing to do.
+void ReplyIov(const KernelFuse::Channel& ch, uint64_t unique, int error, iovec* iov, size_t n) {
   fuse_out_header h;
-  size_t n = 1;
   h.len = sizeof(h);
-  for (const iovec& p : parts) {
-    if (p.iov_len == 0 || n == 8) continue;
-    iov[n++] = p;
-    h.len += static_cast<uint32_t>(p.iov_len);
-  }
+  for (size_t i = 1; i < n; i++) h.len += static_cast<uint32_t>(iov[i].iov_len);
   h.error = -error;
   h.unique = unique;
+  if (ch.ring != nullptr) {
+    size_t used = 0;
+    for (size_t i = 1; i < n; i++) {
+      if (used + iov[i].iov_len > ch.ring->capacity) {
+        h.error = -EIO;
+        used = 0;
+        break;
+      }
+      if (iov[i].iov_base != ch.ring->payload + used) {
+        std::memcpy(ch.ring->payload + used, iov[i].iov_base, iov[i].iov_len);
+      }
+      used += iov[i].iov_len;
+    }
+    h.len = static_cast<uint32_t>(sizeof(h) + used);
+    std::memcpy(ch.ring->out_header, &h, sizeof(h));
+    *ch.ring->payload_size = static_cast<uint32_t>(used);
+    return;
+  }
   iov[0] = {&h, sizeof(h)};
-  if (writev(fd, iov, static_cast<int>(n)) < 0 && errno != ENOENT) {
+  if (writev(ch.fd, iov, static_cast<int>(n)) < 0 && errno != ENOENT) {
     spdlog::debug("fuse: reply to request {} failed: {}", unique, strerror(errno));
   }
 }
-void ReplyError(int fd, uint64_t unique, int error) { Reply(fd, unique, error, {}); }
+void Reply(const KernelFuse::Channel& ch, uint64_t unique, int error,
+           std::initializer_list<iovec> parts) {
+  iovec iov[8];
+  size_t n = 1;
+  for (const iovec& p : parts) {
+    if (p.iov_len == 0 || n == 8) continue;
+    iov[n++] = p;
+  }
+  ReplyIov(ch, unique, error, iov, n);
+}
+void ReplyError(const KernelFuse::Channel& ch, uint64_t unique, int error) {
+  Reply(ch, unique, error, {});
+}
 template <typename T>
-void ReplyStruct(int fd, uint64_t unique, const T& body) {
-  Reply(fd, unique, 0, {iovec{const_cast<T*>(&body), sizeof(T)}});
+void ReplyStruct(const KernelFuse::Channel& ch, uint64_t unique, const T& body) {
+  Reply(ch, unique, 0, {iovec{const_cast<T*>(&body), sizeof(T)}});
 }
 
 // Per-operation counts and latency, into the same metric as the libfuse binding.
@@ -297,7 +334,7 @@ bool KernelFuse::HandleInit() {
   }
   if (in->major != 7) {
     spdlog::error("fuse: kernel speaks protocol {}.{}, we speak 7.x", in->major, in->minor);
-    ReplyError(fd_, h->unique, EPROTO);
+    ReplyError(Channel{fd_}, h->unique, EPROTO);
     return false;
   }
   uint64_t offered = in->flags;
@@ -308,6 +345,7 @@ bool KernelFuse::HandleInit() {
                   FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES | FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT;
   if (options_.direct_io) want |= FUSE_ASYNC_DIO | FUSE_DIRECT_IO_ALLOW_MMAP;
   if (options_.passthrough) want |= FUSE_PASSTHROUGH;
+  if (options_.fuse_uring) want |= kFuseOverIoUring;
   uint64_t flags = offered & want;
   InitOut out;
   std::memset(&out, 0, sizeof(out));
@@ -326,7 +364,29 @@ bool KernelFuse::HandleInit() {
   direct_io_mmap_ = (flags & FUSE_DIRECT_IO_ALLOW_MMAP) != 0;
   if (passthrough_) out.max_stack_depth = 1;  // backing files on a plain (unstacked) file system
   proto_minor_ = out.minor;
-  ReplyStruct(fd_, h->unique, out);
+  ReplyStruct(Channel{fd_}, h->unique, out);
+  if (options_.fuse_uring && !(flags & kFuseOverIoUring)) {
+    spdlog::warn(
+        "fuse: --fuse-uring: {}; requests go through /dev/fuse",
+        FuseUring::KernelAllows()
+            ? "the kernel did not offer io_uring"
+            : "io_uring is off in this kernel (echo Y > /sys/module/fuse/parameters/enable_uring)");
+  }
+  if (flags & kFuseOverIoUring) {
+    // Requests block in the kernel until every CPU's queue has an entry: register now.
+    auto u = FuseUring::Start(
+        fd_, kMaxRead, options_.uring_threads_per_cpu,
+        [this](const char* msg, size_t len, RingReply* reply) {
+          thread_local std::vector<char> scratch;
+          Dispatch(Channel{-1, reply}, msg, len, &scratch);
+        },
+        WakeThread);
+    if (u.ok()) {
+      uring_ = std::move(*u);
+    } else {
+      spdlog::warn("fuse: {}; requests go through /dev/fuse", std::string(u.status().message()));
+    }
+  }
   // Only now: the kernel clamps the readahead to the INIT reply's max_readahead when it reads it.
   if (options_.readahead_kb > 0) SetMountReadahead(mountpoint_, options_.readahead_kb);
   if (passthrough_) {
@@ -342,6 +402,7 @@ bool KernelFuse::HandleInit() {
 }
 
 void KernelFuse::Run() {
+  InstallWakeHandler();  // before INIT: stopping ring threads uses it too
   if (adopted_) {
     // Requests a crashed predecessor had taken but not answered: the kernel queues them again.
     fuse_out_header h{sizeof(fuse_out_header), kNotifyResend, 0};
@@ -362,7 +423,6 @@ void KernelFuse::Run() {
     if (!st.ok())
       spdlog::warn("fuse: the supervisor will not keep the mount: {}", std::string(st.message()));
   }
-  InstallWakeHandler();
   const int threads = std::max(1, options_.max_threads);
   // Cloned fds spread requests over per-fd queues; but the kernel aborts the requests being
   // processed on a clone when it is closed, as when this process dies. Under a supervisor the
@@ -396,7 +456,7 @@ void KernelFuse::Run() {
         // A signal that lands just before a worker enters read(2) is lost: repeat until all
         // have seen the flag (each finishes the request it holds first).
         lock.unlock();
-        for (auto& t : workers_) pthread_kill(t.native_handle(), kWakeSignal);
+        for (auto& t : workers_) WakeThread(t);
         lock.lock();
         workers_cv_.wait_for(lock, std::chrono::milliseconds(5));
       } else {
@@ -404,12 +464,19 @@ void KernelFuse::Run() {
       }
     }
   }
+  StopUring();
   for (auto& t : workers_) t.join();
   workers_.clear();
   if (!quiescing_ && !stopping_) unmounted_ = true;  // unmounted from outside
   std::lock_guard lock(mu_);
   served_done_ = true;
   served_cv_.notify_all();
+}
+
+void KernelFuse::StopUring() {
+  if (uring_ == nullptr) return;
+  uring_->Stop(WakeThread);
+  spdlog::info("fuse: io_uring rings stopped after {} requests", uring_->requests());
 }
 
 void KernelFuse::Serve(int fd) {
@@ -424,13 +491,14 @@ void KernelFuse::Serve(int fd) {
       if (errno != ENODEV) spdlog::error("fuse: reading /dev/fuse: {}", strerror(errno));
       break;  // ENODEV: unmounted
     }
-    Dispatch(fd, buf.data(), static_cast<size_t>(n), &scratch);
+    Dispatch(Channel{fd}, buf.data(), static_cast<size_t>(n), &scratch);
     // Requests still queued stay for the successor (or end with the unmount).
     if (stopping_ || quiescing_) break;
   }
 }
 
-void KernelFuse::Dispatch(int fd, const char* msg, size_t len, std::vector<char>* scratch) {
+void KernelFuse::Dispatch(const Channel& fd, const char* msg, size_t len,
+                          std::vector<char>* scratch) {
   if (len < sizeof(fuse_in_header)) return;
   const auto* h = reinterpret_cast<const fuse_in_header*>(msg);
   const char* arg = msg + sizeof(*h);
@@ -502,17 +570,25 @@ void KernelFuse::Dispatch(int fd, const char* msg, size_t len, std::vector<char>
       }
       auto r = fs_->Read(h->nodeid, fs_handle, in->offset, std::min<size_t>(in->size, kMaxRead));
       if (!r.ok()) return ReplyError(fd, u, ToErrno(r.status()));
-      // Bytes in memory go out as they are; bytes in cache files are read into a buffer.
-      std::vector<iovec> iov;
+      // Bytes in memory go out as they are; bytes in cache files are read into a buffer (the
+      // ring entry's payload, when the request came through one: no copy after).
+      std::vector<iovec> iov(1);
       size_t file_bytes = 0;
       for (const auto& s : r->segments) {
         if (s.fd >= 0) file_bytes += s.len;
       }
-      if (scratch->size() < file_bytes) scratch->resize(std::max(file_bytes, kMaxRead));
+      char* base = nullptr;
+      const bool in_payload = fd.ring != nullptr && r->total <= fd.ring->capacity;
+      if (in_payload) {
+        base = fd.ring->payload;
+      } else {
+        if (scratch->size() < file_bytes) scratch->resize(std::max(file_bytes, kMaxRead));
+        base = scratch->data();
+      }
       size_t used = 0;
       for (const auto& s : r->segments) {
         if (s.fd >= 0) {
-          char* dst = scratch->data() + used;
+          char* dst = base + used;
           size_t got = 0;
           while (got < s.len) {
             ssize_t k = pread(s.fd, dst + got, s.len - got, static_cast<off_t>(s.pos + got));
@@ -524,16 +600,10 @@ void KernelFuse::Dispatch(int fd, const char* msg, size_t len, std::vector<char>
           used += s.len;
         } else {
           iov.push_back({const_cast<char*>(s.mem->data() + s.mem_off), s.len});
+          if (in_payload) used += s.len;  // laid out in order: ReplyIov copies it there
         }
       }
-      fuse_out_header oh;
-      oh.len = static_cast<uint32_t>(sizeof(oh) + r->total);
-      oh.error = 0;
-      oh.unique = u;
-      iov.insert(iov.begin(), iovec{&oh, sizeof(oh)});
-      if (writev(fd, iov.data(), static_cast<int>(iov.size())) < 0 && errno != ENOENT) {
-        spdlog::debug("fuse: read reply failed: {}", strerror(errno));
-      }
+      ReplyIov(fd, u, 0, iov.data(), iov.size());
       return;  // *r (pins) released here, after the kernel has the bytes
     }
     case FUSE_RELEASE: {

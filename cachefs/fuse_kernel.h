@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "cachefs/filesystem.h"
 #include "cachefs/fuse_mount.h"
+#include "cachefs/fuse_uring.h"
 
 struct fuse_session;
 
@@ -71,6 +72,8 @@ class KernelFuse final : public MountBinding {
   // Reports the mount and every passthrough open/release to a supervisor (takeover.h) over
   // `sock`, so the mount survives a crash of this process. Call before Run().
   void SetSupervisor(int sock) { supervisor_ = sock; }
+  // Where a reply goes (a /dev/fuse fd or a ring entry); defined in the .cc.
+  struct Channel;
 
   struct Stats {
     bool passthrough = false;  // negotiated and not disabled by a failure
@@ -97,7 +100,9 @@ class KernelFuse final : public MountBinding {
   KernelFuse() = default;
   bool HandleInit();
   void Serve(int fd);
-  void Dispatch(int fd, const char* msg, size_t len, std::vector<char>* scratch);
+  void Dispatch(const Channel& ch, const char* msg, size_t len, std::vector<char>* scratch);
+  // Ends the ring threads, if any.
+  void StopUring();
   // Opens ino for reading; fills open_flags/backing id. Returns errno (0 = ok).
   int OpenFile(uint64_t ino, int flags, uint64_t* fh, uint32_t* open_flags, int32_t* backing_id);
   void ReleaseFile(uint64_t fh);
@@ -120,6 +125,7 @@ class KernelFuse final : public MountBinding {
   std::atomic<bool> quiescing_{false};
   std::atomic<bool> unmounted_{false};
   std::vector<std::thread> workers_;
+  std::unique_ptr<FuseUring> uring_;  // requests over io_uring (--fuse-uring), if started
   // Workers block in read(2): the kernel wakes one of them per request (poll(2) woke all 16).
   // To stop them, Run() signals each (kWakeSignal, no SA_RESTART) until all have returned.
   std::mutex workers_mu_;

@@ -36,6 +36,11 @@ struct MountOptions {
   // page cache of the mount; +15-60% on cold large sequential reads, but 4-8 KiB reads become
   // one round trip each). Off by default.
   bool direct_io = false;
+  // Kernel binding: answer requests over io_uring, a queue per CPU served on that CPU
+  // (FuseUring; Linux 6.14+ with the fuse module's enable_uring on, else /dev/fuse as usual).
+  // No takeover or supervisor with it: the rings cannot be handed over.
+  bool fuse_uring = false;
+  int uring_threads_per_cpu = 4;
   bool debug = false;
 };
 

@@ -168,13 +168,16 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     a->kernel_ = mount->get();
     if (options.supervisor_fd >= 0) a->kernel_->SetSupervisor(options.supervisor_fd);
     a->mount_ = std::move(*mount);
-    // A successor (`ember node --takeover`) can ask for this mount.
-    auto listener = TakeoverListener::Start(TakeoverSocketPath(options.cache_dir),
-                                            [p = a.get()](int conn) { p->HandOver(conn); });
-    if (listener.ok()) {
-      a->takeover_ = std::move(*listener);
-    } else {
-      spdlog::warn("node: {}; restarts will remount", std::string(listener.status().message()));
+    // A successor (`ember node --takeover`) can ask for this mount (not for one served over
+    // io_uring: its rings die with this process).
+    if (!options.mount.fuse_uring) {
+      auto listener = TakeoverListener::Start(TakeoverSocketPath(options.cache_dir),
+                                              [p = a.get()](int conn) { p->HandOver(conn); });
+      if (listener.ok()) {
+        a->takeover_ = std::move(*listener);
+      } else {
+        spdlog::warn("node: {}; restarts will remount", std::string(listener.status().message()));
+      }
     }
   }
   RETURN_IF_ERROR(a->StartMetrics());

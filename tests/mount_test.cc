@@ -9,6 +9,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -52,9 +54,18 @@ int ReadErrno(const std::string& path) {
   return err;
 }
 
+// The mount suite's io_uring run (tests/CMakeLists.txt): every node gets --fuse-uring.
+bool UringSuite() {
+  const char* u = std::getenv("EMBER_TEST_FUSE_URING");
+  return u != nullptr && *u == '1';
+}
+
 class MountTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (UringSuite() && !testing::EnableFuseUring()) {
+      GTEST_SKIP() << "this kernel has no FUSE over io_uring";
+    }
     meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "900ms");
     origin_ = dir_.Sub("origin");
   }
@@ -402,6 +413,42 @@ TEST_F(MountTest, OriginChangedInPlaceIsRefusedAndNotCached) {
   EXPECT_EQ(st.resident_blocks(), 1u) << "only img-3.jpg is cached";
 }
 
+// --fuse-uring: requests come through the per-CPU rings (not /dev/fuse reads), with the same
+// answers: names, attributes, listings, bytes of cold and cached files, errors.
+TEST_F(MountTest, RequestsGoThroughIoUringWhenAsked) {
+  if (!testing::EnableFuseUring()) GTEST_SKIP() << "this kernel has no FUSE over io_uring";
+  MakeDataset(/*big=*/false);
+  NodeProcess::Options o;
+  if (!UringSuite()) o.extra_args = {"--fuse-uring"};
+  auto node = StartNode(o);
+  EXPECT_NE(node->Log().find("requests over io_uring"), std::string::npos) << node->Log();
+  std::string mnt = node->mount() + "/ds";
+  ExpectSameTree(mnt);  // cold: every file filled
+  ExpectSameTree(mnt);  // cached (passthrough opens)
+  EXPECT_EQ(ReadErrno(mnt + "/missing"), ENOENT);
+  int fd = open((mnt + "/a/small.txt").c_str(), O_WRONLY);
+  EXPECT_EQ(fd, -1);
+  EXPECT_EQ(errno, EROFS);
+  // Many readers at once: each ring thread holds one request; none is lost or mixed up.
+  std::vector<std::thread> readers;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; t++) {
+    readers.emplace_back([&, t] {
+      for (int f = t; f < 50; f += 8) {
+        std::string rel = absl::StrCat("/a/b/c/img-", f, ".jpg");
+        if (ReadUncached(mnt + rel) != ReadFile(origin_ + rel)) wrong++;
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(wrong.load(), 0);
+  ASSERT_TRUE(node->Stop()) << node->Log();
+  std::string log = node->Log();
+  size_t at = log.find("rings stopped after ");
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_GT(std::stoull(log.substr(at + std::strlen("rings stopped after "))), 100u) << log;
+}
+
 TEST_F(MountTest, BadInputIsRefusedClearly) {
   MakeDataset(false);
   std::string meta = meta_->address();
@@ -436,6 +483,9 @@ TEST_F(MountTest, BadInputIsRefusedClearly) {
       {{"--mount", dir_.Sub("mnt"), "--cache-dir", dir_.Sub("cache"), "--cache-size", "1G",
         "--labels", "rack"},
        "KEY=VALUE"},
+      {{"--mount", dir_.Sub("mnt"), "--cache-dir", dir_.Sub("cache"), "--cache-size", "1G",
+        "--fuse-uring", "--takeover"},
+       "cannot be combined"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args);

@@ -48,6 +48,7 @@ struct NodeFlags {
   bool buffered_cache_writes = false;
   bool readdirplus = false;
   bool direct_io = false;
+  bool fuse_uring = false;
   std::string fuse_readahead = "4MiB";
   bool takeover = false;
   bool supervise = false;
@@ -88,6 +89,9 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_flag("--direct-io", f->direct_io,
               "Read files not yet cached without the mount's page cache (faster cold reads in "
               "large requests; small reads become one round trip each)");
+  c->add_flag("--fuse-uring", f->fuse_uring,
+              "Answer FUSE requests over io_uring, on the CPU that made each (Linux 6.14+ with "
+              "the fuse module's enable_uring on); not with --takeover/--supervise");
   c->add_flag("--buffered-cache-writes", f->buffered_cache_writes,
               "Write filled blocks through the page cache instead of with O_DIRECT");
   if (!for_up) {
@@ -123,6 +127,12 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.direct_cache_writes = !f.buffered_cache_writes;
   o.mount.readdirplus = f.readdirplus;
   o.mount.direct_io = f.direct_io;
+  o.mount.fuse_uring = f.fuse_uring;
+  if (f.fuse_uring && (f.takeover || f.supervise)) {
+    Fail(
+        "--fuse-uring cannot be combined with --takeover or --supervise (io_uring rings are not "
+        "handed over)");
+  }
   o.takeover = f.takeover;
   if (const char* sup = std::getenv("EMBER_SUPERVISOR_FD"); sup != nullptr && *sup != '\0') {
     int fd = -1;

@@ -119,6 +119,9 @@ std::vector<std::string> NodeProcess::Argv() const {
     argv.push_back("--fuse-binding");
     argv.push_back(b);
   }
+  if (const char* u = std::getenv("EMBER_TEST_FUSE_URING"); u != nullptr && *u == '1') {
+    argv.push_back("--fuse-uring");
+  }
   return argv;
 }
 

@@ -171,6 +171,18 @@ void WriteFile(const std::string& path, const std::string& data) {
   f << data;
 }
 
+bool EnableFuseUring() {
+  const char* param = "/sys/module/fuse/parameters/enable_uring";
+  std::string v = ReadFile(param);
+  if (!v.empty() && (v[0] == 'Y' || v[0] == '1')) return true;
+  if (v.empty()) return false;  // no FUSE io_uring in this kernel
+  std::ofstream f(param);
+  f << "Y";
+  f.close();
+  v = ReadFile(param);
+  return !v.empty() && v[0] == 'Y';
+}
+
 std::string ReadUncached(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY);
   if (fd < 0) return "<open failed: " + std::string(strerror(errno)) + ">";

@@ -78,6 +78,9 @@ void WriteFile(const std::string& path, const std::string& data);
 // Reads a file through the kernel after dropping its page cache (so a FUSE daemon is asked);
 // "<open failed: ...>" / "<read failed: ...>" on errors.
 std::string ReadUncached(const std::string& path);
+// Turns on FUSE over io_uring in this kernel (the fuse module's enable_uring; needs root; it
+// stays on). False where the kernel has none or it cannot be set.
+bool EnableFuseUring();
 // Reads [offset, offset+len) of path the same way. Returns the bytes; *err is 0, or the errno of
 // the open/read that failed (EIO for a short read).
 std::string PreadUncached(const std::string& path, uint64_t offset, size_t len, int* err);
