@@ -114,16 +114,15 @@ class Ring {
     cqes_ = reinterpret_cast<io_uring_cqe*>(cq + p.cq_off.cqes);
     return true;
   }
-  // A zeroed SQE, queued for the next Enter().
-  io_uring_sqe* Push() {
-    unsigned tail = *sq_tail_;
-    unsigned idx = tail & sq_mask_;
+  // The next SQE, zeroed; Publish() queues it for the next Enter().
+  io_uring_sqe* Next() {
+    unsigned idx = *sq_tail_ & sq_mask_;
     auto* sqe = reinterpret_cast<io_uring_sqe*>(static_cast<char*>(sqes_) + idx * kSqeSize);
     std::memset(sqe, 0, kSqeSize);
     sq_array_[idx] = idx;
-    __atomic_store_n(sq_tail_, tail + 1, __ATOMIC_RELEASE);
     return sqe;
   }
+  void Publish() { __atomic_store_n(sq_tail_, *sq_tail_ + 1, __ATOMIC_RELEASE); }
   // Submits what is queued and waits for `wait` completions. -errno on failure.
   int Enter(unsigned wait) {
     unsigned pending = *sq_tail_ - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
@@ -226,7 +225,7 @@ class FuseUring::Entry {
 
  private:
   void Command(uint32_t cmd, uint64_t commit_id) {
-    io_uring_sqe* sqe = ring_.Push();
+    io_uring_sqe* sqe = ring_.Next();
     sqe->opcode = IORING_OP_URING_CMD;
     sqe->fd = fuse_fd_;
     sqe->cmd_op = cmd;
@@ -237,6 +236,7 @@ class FuseUring::Entry {
     auto* req = reinterpret_cast<UringCmdReq*>(sqe->cmd);
     req->commit_id = commit_id;
     req->qid = qid_;
+    ring_.Publish();
     last_cmd_ = cmd;
     last_commit_ = commit_id;
   }

@@ -4,6 +4,7 @@
 #
 # 1. bench_suite.sh: Ember side by side with the native file system, bindfs and rclone (warm,
 #    cold, metadata, takeover stall, peer transport, memory); updates docs/benchmarks.md.
+#    bench_uring.sh: the round-trip-bound cases with --fuse-uring (same data).
 # 2. Two nodes end to end (B reads from A), prefetch to 3 nodes, the scheduler at 500 and 10,000
 #    nodes, remote origins (S3 and HTTP on loopback). Figures for these go into
 #    docs/benchmarks.md by hand.
@@ -39,6 +40,9 @@ fi
 
 # ---- the side-by-side suite: Ember vs native, bindfs, rclone (writes docs/benchmarks.md) ----
 "$(dirname "$0")/bench_suite.sh" "$BUILD" | tee "$OUT/results.md"
+# Requests over io_uring against the default agent (needs the suite's data; writes its own part
+# of docs/benchmarks.md).
+"$(dirname "$0")/bench_uring.sh" "$BUILD" | tee -a "$OUT/results.md"
 PORT=$((20000 + RANDOM % 20000))
 
 # ---- peer sharing ----

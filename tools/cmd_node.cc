@@ -128,6 +128,7 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.mount.readdirplus = f.readdirplus;
   o.mount.direct_io = f.direct_io;
   o.mount.fuse_uring = f.fuse_uring;
+  if (f.fuse_uring && f.fuse_binding != "kernel") Fail("--fuse-uring needs --fuse-binding kernel");
   if (f.fuse_uring && (f.takeover || f.supervise)) {
     Fail(
         "--fuse-uring cannot be combined with --takeover or --supervise (io_uring rings are not "
