@@ -130,12 +130,16 @@ class Ring {
                      nullptr, 0);
     return r < 0 ? -errno : static_cast<int>(r);
   }
-  // The next completion's result, if there is one.
-  bool Pop(int* res) {
+  // The next completion's result, if there is one; Pop() consumes it.
+  bool Peek(int* res) {
     unsigned head = *cq_head_;
     if (head == __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE)) return false;
     *res = cqes_[head & cq_mask_].res;
-    __atomic_store_n(cq_head_, head + 1, __ATOMIC_RELEASE);
+    return true;
+  }
+  bool Pop(int* res) {
+    if (!Peek(res)) return false;
+    __atomic_store_n(cq_head_, *cq_head_ + 1, __ATOMIC_RELEASE);
     return true;
   }
 
@@ -187,8 +191,11 @@ class FuseUring::Entry {
     Command(kCmdRegister, 0);
     int r = ring_.Enter(0);
     if (r < 0) return absl::InternalError(absl::StrCat("io_uring_enter: ", strerror(-r)));
+    // Refused at once, or pending until a request comes. A request may already be there (the
+    // kernel holds requests until every CPU has an entry, then hands them out): Serve() takes
+    // it, so only look.
     int res = 0;
-    if (ring_.Pop(&res) && res < 0) {  // refused at once; else pending until a request comes
+    if (ring_.Peek(&res) && res < 0) {
       return absl::FailedPreconditionError(absl::StrCat("registering: ", strerror(-res)));
     }
     return absl::OkStatus();
@@ -199,7 +206,9 @@ class FuseUring::Entry {
              std::atomic<uint64_t>& count) {
     std::vector<char> msg;
     while (!stopping) {
-      int r = ring_.Enter(1);
+      int r = 0;
+      int ready = 0;
+      if (!ring_.Peek(&ready)) r = ring_.Enter(1);  // else one is there already
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
         spdlog::error("fuse: io_uring_enter: {}", strerror(-r));
         return;
@@ -211,7 +220,7 @@ class FuseUring::Entry {
           continue;
         }
         if (res < 0) {
-          if (res != -ENOTCONN && res != -ECANCELED && res != -ENODEV) {
+          if (res != -ENOTCONN && res != -ECANCELED && res != -ENODEV && res != -ECONNABORTED) {
             spdlog::error("fuse: ring entry of CPU {}: {}", qid_, strerror(-res));
           }
           return;  // unmounted or torn down
