@@ -573,18 +573,9 @@ void KernelFuse::Dispatch(const Channel& fd, const char* msg, size_t len,
       // Bytes in memory go out as they are; bytes in cache files are read into a buffer (the
       // ring entry's payload, when the request came through one: no copy after).
       std::vector<iovec> iov(1);
-      size_t file_bytes = 0;
-      for (const auto& s : r->segments) {
-        if (s.fd >= 0) file_bytes += s.len;
-      }
-      char* base = nullptr;
       const bool in_payload = fd.ring != nullptr && r->total <= fd.ring->capacity;
-      if (in_payload) {
-        base = fd.ring->payload;
-      } else {
-        if (scratch->size() < file_bytes) scratch->resize(std::max(file_bytes, kMaxRead));
-        base = scratch->data();
-      }
+      if (!in_payload && scratch->size() < r->total) scratch->resize(std::max(r->total, kMaxRead));
+      char* base = in_payload ? fd.ring->payload : scratch->data();
       size_t used = 0;
       for (const auto& s : r->segments) {
         if (s.fd >= 0) {

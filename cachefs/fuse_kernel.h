@@ -95,7 +95,6 @@ class KernelFuse final : public MountBinding {
     uint64_t fs_handle = 0;
     bool passthrough = false;
   };
-  class Worker;
 
   KernelFuse() = default;
   bool HandleInit();

@@ -206,14 +206,12 @@ class FuseUring::Entry {
              std::atomic<uint64_t>& count) {
     std::vector<char> msg;
     while (!stopping) {
-      int r = 0;
-      int ready = 0;
-      if (!ring_.Peek(&ready)) r = ring_.Enter(1);  // else one is there already
+      int res = 0;
+      int r = ring_.Peek(&res) ? 0 : ring_.Enter(1);  // one may be there already
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
         spdlog::error("fuse: io_uring_enter: {}", strerror(-r));
         return;
       }
-      int res = 0;
       while (ring_.Pop(&res)) {
         if (res == -EINTR || res == -EAGAIN) {
           Command(last_cmd_, last_commit_);  // not taken: ask again
