@@ -14,7 +14,12 @@
 # page cache of the mount before each job (--invalidate=1), read_bench drops it per file, while
 # the backing data (origin, Ember's cache files, rclone's cache files) stays warm in RAM. The
 # native file system is read warm (the physical limit). Last, the read stall while the agent is
-# replaced 5 times under readers (ember node --takeover). Every case runs RUNS times (default 5)
+# replaced 5 times under readers (ember node --takeover). Two rows measure the machine's ceiling
+# for a case rather than a system: cold cases also run "read and store" (read_bench store: the
+# same reads, each 4 MiB stored as a new file with O_DIRECT on the same disk, no FUSE: what a
+# cache fill costs when origin and cache share one disk), and stat runs once more with the
+# reader and the agent pinned to one CPU (a FUSE round trip without cross-CPU wakeups).
+# Every case runs RUNS times (default 5)
 # with the systems interleaved (the order rotates each run); medians, min-max spread, ratios.
 set -euo pipefail
 BUILD=$(realpath "${1:-build}")
@@ -188,6 +193,13 @@ run_case() {  # CASE SYS
     stat)
       sync; echo 2 > /proc/sys/vm/drop_caches
       v=$("$RB" stat "$(list_for "$sys" tree)") ;;
+    stat1)  # the same, reader and agent pinned to CPU 0: a round trip without cross-CPU wakeups
+      [ "$sys" = native ] || [ "$sys" = ember ] || return 0
+      local pids=() p; mapfile -t pids < <(pgrep -f -- "--mount $MNT/ember( |\$)")
+      for p in "${pids[@]}"; do taskset -a -p -c 0 "$p" > /dev/null; done
+      sync; echo 2 > /proc/sys/vm/drop_caches
+      v=$(taskset -c 0 "$RB" stat "$(list_for "$sys" tree)")
+      for p in "${pids[@]}"; do taskset -a -p -c "0-$(($(nproc) - 1))" "$p" > /dev/null; done ;;
   esac
   [ -n "$v" ] || { echo "bench: $c on $sys gave no number; $(cat "$OUT/fio.err" 2>/dev/null)" >&2; return 1; }
   record "$c" "$sys" "$v"
@@ -215,7 +227,7 @@ for sys in ember rclone; do
   record coldfill-seq "$sys" "$("$RB" seq "$r/large/large.bin" keep)"
   record coldfill-small "$sys" "$("$RB" small "$(list_for $sys images)" 4 1 keep)"
 done
-WARM_CASES=(seq1 seq2 rand4k1 rand4k2 rand128k1 rand128k2 small1 small2 find stat)
+WARM_CASES=(seq1 seq2 rand4k1 rand4k2 rand128k1 rand128k2 small1 small2 find stat stat1)
 for i in $(seq "$RUNS"); do
   warm_backing
   for c in "${WARM_CASES[@]}"; do
@@ -242,11 +254,24 @@ cold_run() {  # SOURCE(ram|disk) SYS RUN
     bindfs) start_bindfs ;;
   esac
   local r; r=$(root_of "$sys")
+  local a=shards/shard-0000$((i % 4 * 2)).tar b=shards/shard-0000$((i % 4 * 2 + 1)).tar
+  if [ "$sys" = store ]; then  # the same reads, each 4 MiB stored with O_DIRECT; no FUSE
+    local scratch=$WORK/store-scratch
+    rm -rf "$scratch"
+    if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+    record "cold-$src-small" store "$("$RB" store "$OUT/images.native" 4 "$i" "$scratch" files)"
+    rm -rf "$scratch"
+    printf '%s\n' "$DATA/$a" "$DATA/$b" > "$OUT/shards.store"
+    if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+    record "cold-$src-shards" store "$("$RB" store "$OUT/shards.store" 2 0 "$scratch" mib)"
+    rm -rf "$scratch"
+    return
+  fi
   if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
   record "cold-$src-small" "$sys" "$("$RB" small "$(list_for "$sys" images)" 4 "$i" keep)"
   if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
   record "cold-$src-shards" "$sys" "$(fio_case "$sys" bw --rw=read --bs=1M --name=a \
-    --filename="$r/shards/shard-0000$((i % 4 * 2)).tar" --name=b --filename="$r/shards/shard-0000$((i % 4 * 2 + 1)).tar")"
+    --filename="$r/$a" --name=b --filename="$r/$b")"
   case $sys in
     ember) stop_ember ember ;;
     rclone) stop_rclone ;;
@@ -258,7 +283,8 @@ for src in ram disk; do
     say "cold ($src) run $i/$RUNS"
     # Origin in RAM: read it natively first (not timed).
     [ "$src" = ram ] && cat "$DATA/shards/"* > /dev/null && "$RB" small "$OUT/images.native" 2 1 keep > /dev/null
-    for sys in $(rotate "$i"); do
+    # "store" is the ceiling of a cache fill on this machine: the same reads, each stored.
+    for sys in $(rotate "$i") store; do
       [ "$sys" = ember-daemon ] && continue  # cold reads are the same path with or without passthrough
       cold_run "$src" "$sys" "$i"
     done
@@ -314,14 +340,17 @@ stats() {  # CASE SYS -> "median min max"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0 && a != "-") printf "%.2f", a / b; else print "-"}'; }
 cell() { set -- $(stats "$1" "$2"); echo "$1 ($2-$3)"; }
 med() { stats "$1" "$2" | cut -d' ' -f1; }
-table() {  # TITLE CASE:LABEL...
-  echo "| $1 | native | Ember | Ember, no passthrough | bindfs | rclone | Ember/native | Ember/bindfs | Ember/rclone | no-passthrough/native |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+table() {  # TITLE CASE:LABEL... (STORE=1: with the read-and-store columns)
+  local head="" rule="" extra=""
+  [ -n "${STORE:-}" ] && head=" read and store, no FUSE | Ember/read-and-store |" rule=" --- | --- |"
+  echo "| $1 | native | Ember | Ember, no passthrough | bindfs | rclone | Ember/native | Ember/bindfs | Ember/rclone | no-passthrough/native |$head"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |$rule"
   shift
   for cl in "$@"; do
     local c=${cl%%:*} label=${cl#*:}
     local e; e=$(med "$c" ember)
-    echo "| $label | $(cell "$c" native) | $(cell "$c" ember) | $(cell "$c" ember-daemon) | $(cell "$c" bindfs) | $(cell "$c" rclone) | $(ratio "$e" "$(med "$c" native)") | $(ratio "$e" "$(med "$c" bindfs)") | $(ratio "$e" "$(med "$c" rclone)") | $(ratio "$(med "$c" ember-daemon)" "$(med "$c" native)") |"
+    [ -n "${STORE:-}" ] && extra=" $(cell "$c" store) | $(ratio "$e" "$(med "$c" store)") |"
+    echo "| $label | $(cell "$c" native) | $(cell "$c" ember) | $(cell "$c" ember-daemon) | $(cell "$c" bindfs) | $(cell "$c" rclone) | $(ratio "$e" "$(med "$c" native)") | $(ratio "$e" "$(med "$c" bindfs)") | $(ratio "$e" "$(med "$c" rclone)") | $(ratio "$(med "$c" ember-daemon)" "$(med "$c" native)") |$extra"
   done
 }
 {
@@ -335,9 +364,10 @@ table() {  # TITLE CASE:LABEL...
     "small1:small files 112 KiB, 4 workers, first warm epoch (files/s)" \
     "small2:small files, second epoch, caches as left by the first (files/s)" \
     "find:find of 100,000 files, dentries dropped (files/s)" \
-    "stat:stat of 100,000 files, dentries dropped (files/s)"
+    "stat:stat of 100,000 files, dentries dropped (files/s)" \
+    "stat1:stat, reader and agent pinned to one CPU (files/s; the FUSE round-trip ceiling here)"
   echo
-  table "cold first epoch (caches empty)" \
+  STORE=1 table "cold first epoch (caches empty)" \
     "cold-ram-small:small files, 4 workers, origin in RAM (files/s)" \
     "cold-ram-shards:2 shards of 512 MiB, 2 jobs, origin in RAM (MiB/s)" \
     "cold-disk-small:small files, 4 workers, origin from disk (files/s)" \

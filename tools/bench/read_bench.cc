@@ -8,6 +8,12 @@
 //   read_bench gen FILE SIZE SEED              writes SIZE pseudo-random bytes to FILE
 //   read_bench tree DIR DIRS FILES SIZE        writes DIRS folders of FILES files of SIZE bytes
 //   read_bench stat LIST                       stat()s every path in LIST; prints files/s
+//   read_bench store LIST WORKERS SEED DIR files|mib
+//                                              a cache fill without FUSE: reads every file of
+//                                              LIST (shuffled by SEED unless 0) in 4 MiB chunks
+//                                              and stores each chunk as a new file in DIR with
+//                                              O_DIRECT; prints files/s or MiB/s. The ceiling for
+//                                              a cache whose origin and cache share one disk
 //   read_bench stall LIST SECONDS WORKERS      reads whole files of LIST (page cache dropped
 //                                              first) for SECONDS; prints reads, failed reads
 //                                              and the longest read in ms
@@ -129,6 +135,62 @@ int Small(const std::string& list, int workers, unsigned seed, bool drop) {
   return 0;
 }
 
+int Store(const std::string& list, int workers, unsigned seed, const std::string& dir, bool mib) {
+  constexpr size_t kChunk = 4 << 20;
+  std::vector<std::string> paths = ReadList(list);
+  if (seed != 0) std::shuffle(paths.begin(), paths.end(), std::mt19937(seed));
+  std::filesystem::create_directories(dir);
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> bytes{0}, chunks{0};
+  std::atomic<int> errors{0};
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; w++) {
+    threads.emplace_back([&] {
+      void* mem = nullptr;
+      if (posix_memalign(&mem, 4096, kChunk) != 0) {
+        errors++;
+        return;
+      }
+      char* buf = static_cast<char*>(mem);
+      for (size_t i; (i = next++) < paths.size();) {
+        int fd = open(paths[i].c_str(), O_RDONLY);
+        if (fd < 0) {
+          errors++;
+          continue;
+        }
+        for (off_t off = 0;; off += static_cast<off_t>(kChunk)) {
+          ssize_t n = pread(fd, buf, kChunk, off);
+          if (n <= 0) {
+            if (n < 0) errors++;
+            break;
+          }
+          std::string out = dir + "/" + std::to_string(chunks++);
+          int wfd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+          size_t aligned = (static_cast<size_t>(n) + 4095) & ~size_t{4095};
+          if (wfd < 0 || pwrite(wfd, buf, aligned, 0) != static_cast<ssize_t>(aligned)) errors++;
+          if (wfd >= 0) close(wfd);
+          bytes += static_cast<uint64_t>(n);
+        }
+        close(fd);
+      }
+      std::free(mem);
+    });
+  }
+  for (auto& t : threads) t.join();
+  double s = Seconds(start);
+  if (errors > 0) {
+    std::fprintf(stderr, "store: %d reads or writes failed\n", errors.load());
+    return 1;
+  }
+  if (mib) {
+    std::printf("%.1f\n", bytes / 1048576.0 / s);
+  } else {
+    std::printf("%.0f\n", paths.size() / s);
+  }
+  return 0;
+}
+
 int Tree(const std::string& dir, int dirs, int files, uint64_t size) {
   for (int d = 0; d < dirs; d++) {
     char name[32];
@@ -209,6 +271,10 @@ int main(int argc, char** argv) {
     return Tree(argv[2], std::atoi(argv[3]), std::atoi(argv[4]),
                 std::strtoull(argv[5], nullptr, 10));
   }
+  if (mode == "store" && argc == 7) {
+    return Store(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argv[5],
+                 std::string(argv[6]) == "mib");
+  }
   if (mode == "stat" && argc == 3) return Stat(argv[2]);
   if (mode == "stall" && argc == 5) return Stall(argv[2], std::atof(argv[3]), std::atoi(argv[4]));
   if (mode == "drop" && argc >= 3) {
@@ -226,6 +292,6 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "usage: read_bench seq FILE drop|keep | small LIST WORKERS SEED drop|keep | "
                "drop PATH... | gen FILE SIZE SEED | tree DIR DIRS FILES SIZE | stat LIST | "
-               "stall LIST SECONDS WORKERS\n");
+               "store LIST WORKERS SEED DIR files|mib | stall LIST SECONDS WORKERS\n");
   return 2;
 }
