@@ -212,11 +212,15 @@ rotate() {  # RUN -> SYSTEMS rotated by RUN
 
 # ---- warm cases ----
 # Start from an empty page cache (other data of this machine out of the way), then keep the
-# backing data of every system in RAM: read it again before each run (cheap when resident).
+# backing data of every system in RAM: read a case's data again right before it (cheap when
+# resident). Per case, not per run: this VM's DAMON pageout scheme reclaims pages left untouched
+# for about a minute, and a run of all cases takes several.
 sync; echo 3 > /proc/sys/vm/drop_caches
-warm_backing() {
-  find "$DATA/large" "$DATA/images" "$DATA/tree" "$WORK/ember-warm/cache/blocks" \
-    "$WORK/rclone-cache" -type f -print0 2>/dev/null | xargs -0 cat > /dev/null 2>&1 || true
+warm_backing() {  # CASE: the origin folder, Ember's cache blocks and rclone's copy it reads
+  local d id  # Ember's dataset ids follow the order of `dataset add` in start_warm_ember
+  case $1 in seq* | rand*) d=large id=1 ;; small*) d=images id=2 ;; *) return 0 ;; esac
+  find "$DATA/$d" "$WORK/ember-warm/cache/blocks/$id" "$WORK/rclone-cache/vfs/local$DATA/$d" \
+    -type f -print0 2>/dev/null | xargs -0 cat > /dev/null 2>&1 || true
 }
 start_warm_ember
 start_bindfs
@@ -229,9 +233,9 @@ for sys in ember rclone; do
 done
 WARM_CASES=(seq1 seq2 rand4k1 rand4k2 rand128k1 rand128k2 small1 small2 find stat stat1)
 for i in $(seq "$RUNS"); do
-  warm_backing
   for c in "${WARM_CASES[@]}"; do
     say "warm run $i/$RUNS: $c"
+    warm_backing "$c"
     for sys in $(rotate "$i"); do run_case "$c" "$sys"; done
   done
 done
@@ -255,6 +259,8 @@ cold_run() {  # SOURCE(ram|disk) SYS RUN
   esac
   local r; r=$(root_of "$sys")
   local a=shards/shard-0000$((i % 4 * 2)).tar b=shards/shard-0000$((i % 4 * 2 + 1)).tar
+  # Origin in RAM: read it natively right before (not timed; DAMON may have paged it out since).
+  [ "$src" = ram ] && cat "$DATA/$a" "$DATA/$b" > /dev/null && "$RB" small "$OUT/images.native" 2 1 keep > /dev/null
   if [ "$sys" = store ]; then  # the same reads, each 4 MiB stored with O_DIRECT; no FUSE
     local scratch=$WORK/store-scratch
     rm -rf "$scratch"
@@ -281,8 +287,6 @@ cold_run() {  # SOURCE(ram|disk) SYS RUN
 for src in ram disk; do
   for i in $(seq "$RUNS"); do
     say "cold ($src) run $i/$RUNS"
-    # Origin in RAM: read it natively first (not timed).
-    [ "$src" = ram ] && cat "$DATA/shards/"* > /dev/null && "$RB" small "$OUT/images.native" 2 1 keep > /dev/null
     # "store" is the ceiling of a cache fill on this machine: the same reads, each stored.
     for sys in $(rotate "$i") store; do
       [ "$sys" = ember-daemon ] && continue  # cold reads are the same path with or without passthrough
