@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -296,6 +297,41 @@ TEST_F(OperateTest, StatusPageInHeadlessChromiumMatchesEmberStatus) {
   EXPECT_EQ(rc, 0) << dom;
   EXPECT_GT(fs::exists(shot) ? fs::file_size(shot) : 0, 10000u);
   std::printf("status page screenshot: %s\n", shot.c_str());
+}
+
+// The suite's "read and store" row is the ceiling Ember's cold reads are judged against: it
+// must really read and store every byte, as 4 MiB chunks, and fail on a file it cannot read.
+TEST(BenchToolsTest, ReadAndStoreBaselineStoresEveryChunk) {
+  TempDir dir;
+  const size_t kChunk = 4 << 20;
+  std::vector<std::pair<std::string, size_t>> files = {
+      {"one-byte", 1}, {"one-chunk", kChunk}, {"three-chunks", 2 * kChunk + 123}, {"empty", 0}};
+  std::vector<std::string> want;
+  std::string list;
+  for (size_t i = 0; i < files.size(); i++) {
+    std::string path = dir.Sub(files[i].first);
+    testing::WriteRandomFile(path, files[i].second, 40 + i);
+    std::string data = ReadFile(path);
+    for (size_t at = 0; at < data.size(); at += kChunk) want.push_back(data.substr(at, kChunk));
+    list += path + "\n";
+  }
+  WriteFile(dir.Sub("list"), list);
+  const std::string bench = EMBER_BUILD_DIR "/bin/read_bench store " + dir.Sub("list");
+  std::string out;
+  ASSERT_EQ(testing::RunShell(bench + " 2 0 " + dir.Sub("stored") + " mib", &out), 0) << out;
+  EXPECT_GT(std::stod(out), 0.0) << out;
+  std::vector<std::string> got;
+  for (const auto& e : fs::directory_iterator(dir.Sub("stored"))) {
+    got.push_back(ReadFile(e.path().string()));
+  }
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got.size(), 5u);
+  EXPECT_TRUE(got == want) << "the stored chunks differ from the files' 4 MiB pieces";
+
+  WriteFile(dir.Sub("list"), list + dir.Sub("missing") + "\n");
+  EXPECT_NE(testing::RunShell(bench + " 2 0 " + dir.Sub("stored2") + " files", &out), 0) << out;
+  EXPECT_NE(out.find("failed"), std::string::npos) << out;
 }
 
 TEST(DeployTest, SystemdUnitsVerify) {

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -215,8 +216,12 @@ int Store(const std::string& list, int workers, unsigned seed, const std::string
         }
         std::string out = dir + "/" + std::to_string(chunks++);
         int wfd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+        if (wfd < 0 && errno == EINVAL) wfd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         size_t aligned = (c.len + 4095) & ~size_t{4095};
-        if (wfd < 0 || pwrite(wfd, c.buf, aligned, 0) != static_cast<ssize_t>(aligned)) errors++;
+        if (wfd < 0 || pwrite(wfd, c.buf, aligned, 0) != static_cast<ssize_t>(aligned) ||
+            ftruncate(wfd, static_cast<off_t>(c.len)) != 0) {
+          errors++;
+        }
         if (wfd >= 0) close(wfd);
         bytes += c.len;
         std::lock_guard lock(mu);
