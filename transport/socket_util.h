@@ -21,6 +21,11 @@ void SetIoTimeout(int fd, std::chrono::milliseconds t);
 // Reads/writes exactly n bytes (the socket's timeouts apply). Unavailable on EOF, error or
 // timeout.
 absl::Status ReadFull(int fd, void* buf, size_t n);
+// ReadFull for a bulk body after a request: ACKs every segment at once (TCP_QUICKACK). A client
+// that sends requests puts its connection in delayed-ACK ("pingpong") mode, which holds back the
+// sender of a 4 MiB body; measured on loopback, 4 MiB request/response 2,147-2,242 -> 2,335-2,618
+// MiB/s.
+absl::Status ReadBulk(int fd, void* buf, size_t n);
 absl::Status WriteFull(int fd, const void* buf, size_t n);
 // Sends n bytes of file `in_fd` from `offset` with sendfile (no user-space copy).
 absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n);

@@ -349,7 +349,7 @@ class TcpTransport final : public BlockTransport {
       return absl::DataLossError(
           absl::StrCat("peer ", peer, ": answered ", resp->length, " bytes for ", length));
     }
-    s = ReadFull(fd, buf, length);  // straight into the caller's buffer
+    s = ReadBulk(fd, buf, length);  // straight into the caller's buffer
     if (!s.ok()) {
       return absl::UnavailableError(absl::StrCat("peer ", peer, ": short block: ", s.message()));
     }
