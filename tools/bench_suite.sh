@@ -250,6 +250,9 @@ stop_rclone
 fusermount -u "$MNT/bindfs"
 
 # ---- cold first epoch: caches empty; origin warm in RAM, then from disk (page cache dropped) ----
+drop_if_disk() {  # SOURCE: drops the page cache when the origin is to be read from disk
+  if [ "$1" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+}
 cold_run() {  # SOURCE(ram|disk) SYS RUN
   local src=$1 sys=$2 i=$3
   case $sys in
@@ -264,18 +267,18 @@ cold_run() {  # SOURCE(ram|disk) SYS RUN
   if [ "$sys" = store ]; then  # the same reads, each 4 MiB stored with O_DIRECT; no FUSE
     local scratch=$WORK/store-scratch
     rm -rf "$scratch"
-    if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+    drop_if_disk "$src"
     record "cold-$src-small" store "$("$RB" store "$OUT/images.native" 4 "$i" "$scratch" files)"
     rm -rf "$scratch"
     printf '%s\n' "$DATA/$a" "$DATA/$b" > "$OUT/shards.store"
-    if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+    drop_if_disk "$src"
     record "cold-$src-shards" store "$("$RB" store "$OUT/shards.store" 2 0 "$scratch" mib)"
     rm -rf "$scratch"
     return
   fi
-  if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+  drop_if_disk "$src"
   record "cold-$src-small" "$sys" "$("$RB" small "$(list_for "$sys" images)" 4 "$i" keep)"
-  if [ "$src" = disk ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+  drop_if_disk "$src"
   record "cold-$src-shards" "$sys" "$(fio_case "$sys" bw --rw=read --bs=1M --name=a \
     --filename="$r/$a" --name=b --filename="$r/$b")"
   case $sys in

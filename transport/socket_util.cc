@@ -117,10 +117,15 @@ absl::StatusOr<int> ListenTcp(const std::string& host_port, int* bound_port) {
   return absl::UnavailableError(absl::StrCat("cannot listen on ", host_port, ": ", last));
 }
 
-absl::Status ReadFull(int fd, void* buf, size_t n) {
+namespace {
+
+// quickack: ACK each segment at once (TCP_QUICKACK is not sticky, so it is set before each recv).
+absl::Status ReadLoop(int fd, void* buf, size_t n, bool quickack) {
   char* p = static_cast<char*>(buf);
   size_t done = 0;
+  const int one = 1;
   while (done < n) {
+    if (quickack) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
     ssize_t r = recv(fd, p + done, n - done, 0);
     if (r > 0) {
       done += static_cast<size_t>(r);
@@ -134,25 +139,11 @@ absl::Status ReadFull(int fd, void* buf, size_t n) {
   return absl::OkStatus();
 }
 
-absl::Status ReadBulk(int fd, void* buf, size_t n) {
-  char* p = static_cast<char*>(buf);
-  size_t done = 0;
-  const int one = 1;
-  while (done < n) {
-    // Not sticky: the kernel drops back to delayed ACKs once it sees a request/response pattern.
-    setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
-    ssize_t r = recv(fd, p + done, n - done, 0);
-    if (r > 0) {
-      done += static_cast<size_t>(r);
-      continue;
-    }
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return absl::UnavailableError("connection closed by peer");
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::UnavailableError("read timed out");
-    return absl::UnavailableError(absl::StrCat("read: ", strerror(errno)));
-  }
-  return absl::OkStatus();
-}
+}  // namespace
+
+absl::Status ReadFull(int fd, void* buf, size_t n) { return ReadLoop(fd, buf, n, false); }
+
+absl::Status ReadBulk(int fd, void* buf, size_t n) { return ReadLoop(fd, buf, n, true); }
 
 absl::Status WriteFull(int fd, const void* buf, size_t n) {
   const char* p = static_cast<const char*>(buf);
