@@ -8,30 +8,42 @@ export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 export CCACHE_MAXSIZE ?= 5G
 
-.PHONY: all deps configure build test demo bench asan fuzz clean format
+.PHONY: all deps configure build test tsa demo bench asan fuzz clean format
 
 all: build
 
 deps:
 	@tools/install-deps.sh
 
-configure: deps
+# `make build` only builds (what it needs must be there: `make deps`, or the first `make test` /
+# `make demo`, installs it).
+configure:
 	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_EXTRA) > /dev/null
 
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+test: deps
+	@$(MAKE) --no-print-directory build tsa
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-demo: build
+# clang's thread-safety analysis over every library and the ember binary: a field read or written
+# without the lock that guards it (ABSL_GUARDED_BY) is a build error.
+tsa:
+	@CC=clang CXX=clang++ cmake -S . -B build-tsa -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+		-DEMBER_THREAD_SAFETY=ON > /dev/null
+	@cmake --build build-tsa -j $(JOBS) --target ember
+
+demo: deps
+	@$(MAKE) --no-print-directory build
 	@tools/demo.sh $(BUILD_DIR)/bin/ember
 
-bench: build
+bench: deps
+	@$(MAKE) --no-print-directory build
 	@tools/bench.sh $(BUILD_DIR)
 
 # The test suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build dir.
-asan:
+asan: deps
 	@$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=Debug CMAKE_EXTRA=-DEMBER_SANITIZE=ON
 
 # libFuzzer targets (clang, ASan+UBSan) in their own build dir, each run FUZZ_SECONDS.
@@ -46,4 +58,4 @@ format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-fuzz
+	rm -rf $(BUILD_DIR) build-asan build-fuzz build-tsa
