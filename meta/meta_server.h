@@ -1,24 +1,33 @@
-// MetaServer: the metadata service, a gRPC server over a RocksDB store (see meta.proto).
+// meta/: the metadata service. This header is its front door: `ember meta` and `ember up` start
+// a MetaServer; everything else talks to meta through meta_client.h.
 //
-// Holds datasets and their versioned manifests, block checksums (first writer wins), nodes with
-// heartbeat leases, and block locations (soft state, kept in memory as per-file bitmaps and
-// persisted for a fast restart). Every RPC handler converts absl::Status to grpc::Status at its
-// end; nothing throws out of a handler. Thread-safe.
+// meta/ owns datasets and their manifests, block checksums, nodes and leases, block locations,
+// prefetch jobs, training jobs and their placement, and the HTTP surface (status page, extender,
+// /metrics). It reads origins only to list them (origin/), and never includes cachefs/.
+//
+// The service is a set of units, each owning one kind of state behind one mutex:
+//   DatasetCatalog (catalog.h)        datasets, versions, manifests, version geometry
+//   ChecksumLedger (checksum_ledger.h) block checksums, first writer wins
+//   NodeRegistry   (node_registry.h)   nodes, labels, leases; versioned views for readers
+//   LocationIndex  (location_index.h)  who holds which block; Locate; resident bytes
+//   PrefetchJobs   (prefetch_jobs.h)   cluster prefetches
+//   JobService     (job_service.h)     training jobs, queue, placement (pure logic: scheduler.h)
+//   StatusSurface  (status_surface.h)  HTTP: status page and API, extender, /metrics
+//   MetaService    (meta_service.h)    gRPC: translates, checks the token; no state
+// The rule that keeps them apart: a unit never calls another unit while holding its own mutex
+// (it asks others first, then locks). So no two units' locks ever nest, and a slow scan in one
+// (a manifest, a store write) never stalls Locate or Heartbeat in another.
+//
+// Every unit writes to the store (store.h, RocksDB) before it changes memory, and a write the
+// store refuses fails the RPC with that error: what a caller was told is what a restart finds.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
-
-namespace grpc {
-class Server;
-}
-namespace httplib {
-class Server;
-}
 
 namespace ember::meta {
 
@@ -27,17 +36,18 @@ struct MetaOptions {
   std::string data_dir;                   // RocksDB lives here
   // A node whose last heartbeat is older than this is dead: its locations are not returned.
   std::chrono::milliseconds lease{10'000};
-  // HOST:PORT for HTTP (kube-scheduler extender at /scheduler/filter and /scheduler/prioritize,
-  // /healthz); empty = no HTTP.
+  // HOST:PORT for HTTP (status page, /api/status, /metrics, /healthz, kube-scheduler extender at
+  // /scheduler/filter and /scheduler/prioritize); empty = no HTTP.
   std::string http_listen;
   // Cluster token every gRPC call must carry (empty: none required).
   std::string token;
   // PEM files: with both set, gRPC is served over TLS only.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Writes are refused (ResourceExhausted) while the data dir's file system has less free space
+  // than this, before RocksDB could fail mid-write on a full disk.
+  uint64_t reserve_bytes = 64ull << 20;
 };
-
-class MetaServiceImpl;
 
 class MetaServer {
  public:
@@ -46,20 +56,16 @@ class MetaServer {
   static absl::StatusOr<std::unique_ptr<MetaServer>> Start(const MetaOptions& options);
   ~MetaServer();
 
-  int port() const { return port_; }
-  int http_port() const { return http_port_; }
+  int port() const;
+  int http_port() const;
   // Blocks until Shutdown() is called from another thread.
   void Wait();
   void Shutdown();
 
  private:
-  MetaServer() = default;
-  std::unique_ptr<MetaServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread http_thread_;
-  int http_port_ = 0;
+  struct Parts;
+  MetaServer();
+  std::unique_ptr<Parts> parts_;
 };
 
 }  // namespace ember::meta

@@ -5,6 +5,10 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -66,7 +70,8 @@ rocksdb::WriteOptions Synced() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir,
+                                                         const Options& store_options) {
   rocksdb::Options options;
   options.create_if_missing = true;
   options.create_missing_column_families = true;
@@ -82,6 +87,7 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   }
   std::unique_ptr<MetaStore> store(new MetaStore());
   store->dir_ = dir;
+  store->options_ = store_options;
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, cfs, &store->handles_, &db);
   if (!s.ok()) return FromRocks(s, absl::StrCat("cannot open meta store at '", dir, "'"));
@@ -91,8 +97,27 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   store->checksums_ = store->handles_[3];
   store->nodes_ = store->handles_[4];
   store->locations_ = store->handles_[5];
-  RETURN_IF_ERROR(store->DropOrphanManifests());
+  if (absl::Status st = store->DropOrphanManifests(); !st.ok()) {
+    if (!absl::IsResourceExhausted(st)) return st;
+    // Orphans cost only space; they go at a start with room to spare.
+  }
   return store;
+}
+
+absl::Status MetaStore::CheckSpace() {
+  struct statvfs vfs;
+  if (statvfs(dir_.c_str(), &vfs) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot check free space of '", dir_, "': ", strerror(errno)));
+  }
+  const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (free_bytes < options_.reserve_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "meta's data dir '", dir_, "' has ", free_bytes >> 20, " MiB free, below the ",
+        options_.reserve_bytes >> 20, " MiB kept in reserve: writes are refused until space is "
+        "freed"));
+  }
+  return absl::OkStatus();
 }
 
 MetaStore::~MetaStore() {
@@ -130,6 +155,7 @@ absl::StatusOr<std::vector<rpc::Dataset>> MetaStore::ListDatasets() {
 }
 
 absl::Status MetaStore::PutDataset(const rpc::Dataset& ds) {
+  RETURN_IF_ERROR(CheckSpace());
   return FromRocks(db_->Put(Synced(), datasets_, ds.name(), ds.SerializeAsString()),
                    "write dataset");
 }
@@ -145,6 +171,7 @@ absl::StatusOr<uint32_t> MetaStore::AllocateDatasetId() {
   }
   std::string nv;
   PutBe32(&nv, next + 1);
+  RETURN_IF_ERROR(CheckSpace());
   RETURN_IF_ERROR(FromRocks(db_->Put(Synced(), "next_dataset_id", nv), "write id counter"));
   return next;
 }
@@ -155,6 +182,7 @@ absl::Status MetaStore::DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf, const
 }
 
 absl::Status MetaStore::DeleteDataset(const rpc::Dataset& ds) {
+  RETURN_IF_ERROR(CheckSpace());
   // The record goes first: a crash midway leaves only orphans, dropped at the next open.
   RETURN_IF_ERROR(FromRocks(db_->Delete(Synced(), datasets_, ds.name()), "delete dataset"));
   std::string begin = DatasetPrefix(ds.id()), end = DatasetPrefix(ds.id() + 1);
@@ -165,6 +193,7 @@ absl::Status MetaStore::DeleteDataset(const rpc::Dataset& ds) {
 }
 
 absl::Status MetaStore::DeleteVersionData(uint32_t dataset_id, uint32_t version) {
+  RETURN_IF_ERROR(CheckSpace());
   std::string begin = VersionPrefix(dataset_id, version);
   std::string end = VersionPrefix(dataset_id, version + 1);
   if (version == UINT32_MAX) end = DatasetPrefix(dataset_id + 1);
@@ -219,6 +248,7 @@ absl::Status MetaStore::ManifestWriter::Add(const rpc::FileEntry& entry) {
 
 absl::Status MetaStore::ManifestWriter::Finish() {
   if (pending_ == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(store_->CheckSpace());
   rocksdb::WriteOptions w;
   w.disableWAL = false;
   RETURN_IF_ERROR(FromRocks(store_->db_->Write(w, batch_.get()), "write manifest"));
@@ -271,6 +301,7 @@ absl::StatusOr<std::optional<uint64_t>> MetaStore::GetChecksum(const BlockAddr& 
 }
 
 absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items) {
+  RETURN_IF_ERROR(CheckSpace());
   rocksdb::WriteBatch batch;
   for (const auto& [addr, sum] : items) {
     std::string v;
@@ -282,6 +313,7 @@ absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint
 }
 
 absl::Status MetaStore::PutNode(const rpc::Node& node) {
+  RETURN_IF_ERROR(CheckSpace());
   return FromRocks(db_->Put(Synced(), nodes_, node.id(), node.SerializeAsString()), "write node");
 }
 
@@ -300,6 +332,7 @@ absl::StatusOr<std::vector<rpc::Node>> MetaStore::ListNodes() {
 }
 
 absl::Status MetaStore::PutPrefetch(const rpc::PrefetchJob& job) {
+  RETURN_IF_ERROR(CheckSpace());
   return FromRocks(db_->Put(Synced(), "prefetch/" + job.id(), job.SerializeAsString()),
                    "write prefetch");
 }
@@ -318,6 +351,7 @@ absl::StatusOr<std::vector<rpc::PrefetchJob>> MetaStore::ListPrefetches() {
 }
 
 absl::Status MetaStore::PutJob(const rpc::Job& job) {
+  RETURN_IF_ERROR(CheckSpace());
   return FromRocks(db_->Put(rocksdb::WriteOptions(), "job/" + job.id(), job.SerializeAsString()),
                    "write job");
 }
@@ -335,13 +369,20 @@ absl::StatusOr<std::vector<rpc::Job>> MetaStore::ListJobs() {
   return out;
 }
 
-absl::Status MetaStore::PutLocation(const FileKey& key, const std::string& node_id,
-                                    const std::string& bitmap) {
-  std::string k = FileKeyBytes(key.dataset_id, key.version, key.file_id);
-  k += node_id;
-  rocksdb::WriteOptions w;  // soft state: nodes re-report, so no sync
-  if (bitmap.empty()) return FromRocks(db_->Delete(w, locations_, k), "delete location");
-  return FromRocks(db_->Put(w, locations_, k, bitmap), "write location");
+absl::Status MetaStore::PutLocations(const std::vector<LocationWrite>& writes) {
+  RETURN_IF_ERROR(CheckSpace());
+  rocksdb::WriteBatch batch;
+  for (const LocationWrite& w : writes) {
+    std::string k = FileKeyBytes(w.key.dataset_id, w.key.version, w.key.file_id);
+    k += w.node_id;
+    if (w.bitmap.empty()) {
+      batch.Delete(locations_, k);
+    } else {
+      batch.Put(locations_, k, w.bitmap);
+    }
+  }
+  // Soft state: nodes re-report, so no sync.
+  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write locations");
 }
 
 absl::Status MetaStore::ForEachLocation(

@@ -9,6 +9,11 @@
 //
 // This is the only file that sees RocksDB types; errors are converted to absl::Status here.
 // Thread-safe (RocksDB is); read-modify-write sequences are the caller's to serialize.
+//
+// Every write first checks the data dir's free space and is refused (ResourceExhausted) below a
+// reserve: RocksDB as packaged here aborts the process when a write fails for lack of space
+// after an earlier sync, so meta must not let it get there. Callers then fail the RPC with that
+// error and change nothing in memory.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +40,18 @@ class MetaStore {
   // Opens or creates the store under `dir`, and drops manifests left behind by a scan that was
   // interrupted (a crash between the first manifest page and the dataset record).
   // Returns: Ok, or Internal / IOError text from RocksDB naming the directory.
-  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir);
+  struct Options {
+    uint64_t reserve_bytes = 64ull << 20;  // free space the data dir must keep for writes
+  };
+  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir,
+                                                         const Options& options);
+  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir) {
+    return Open(dir, Options());
+  }
   ~MetaStore();
+
+  // Every write below returns: Ok; ResourceExhausted (the reserve, above); Unavailable or
+  // Internal naming what RocksDB said.
 
   // ---- datasets ----
   // Returns: the dataset, NotFound.
@@ -95,15 +110,21 @@ class MetaStore {
     uint64_t file_id = 0;
     friend auto operator<=>(const FileKey&, const FileKey&) = default;
   };
-  // An empty bitmap deletes the record.
-  absl::Status PutLocation(const FileKey& key, const std::string& node_id,
-                           const std::string& bitmap);
+  // An empty bitmap deletes the record. One batch, unsynced (soft state).
+  struct LocationWrite {
+    FileKey key;
+    std::string node_id;
+    std::string bitmap;
+  };
+  absl::Status PutLocations(const std::vector<LocationWrite>& writes);
   absl::Status ForEachLocation(const std::function<void(const FileKey&, const std::string& node_id,
                                                         const std::string& bitmap)>& fn);
 
  private:
   MetaStore() = default;
   absl::Status DropOrphanManifests();
+  // Returns: Ok; ResourceExhausted when the data dir has less free space than the reserve.
+  absl::Status CheckSpace();
   absl::Status DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
                                  const std::string& end);
 
@@ -115,6 +136,7 @@ class MetaStore {
   rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
   rocksdb::ColumnFamilyHandle* locations_ = nullptr;
   std::string dir_;
+  Options options_;
 };
 
 }  // namespace ember::meta

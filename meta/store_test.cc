@@ -49,7 +49,7 @@ TEST(MetaStoreTest, RoundTripsAcrossReopen) {
     n.set_address("127.0.0.2:7000");
     (*n.mutable_labels())["rack"] = "r1";
     ASSERT_TRUE(s.PutNode(n).ok());
-    ASSERT_TRUE(s.PutLocation({1, 1, 5}, "n1", std::string("\x05", 1)).ok());
+    ASSERT_TRUE(s.PutLocations({{{1, 1, 5}, "n1", std::string("\x05", 1)}}).ok());
   }
   auto store = MetaStore::Open(d.Sub("db"));
   ASSERT_TRUE(store.ok()) << store.status();

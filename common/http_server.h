@@ -1,0 +1,44 @@
+// HttpServer: an HTTP listener on its own thread (cpp-httplib) for the small surfaces meta and
+// nodes serve: /metrics and /healthz everywhere, plus meta's status page, status API and
+// scheduler extender. The caller adds its routes before the server starts listening.
+//
+// Thread-safe to stop from any thread; the destructor stops and joins.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace ember {
+
+class HttpServer {
+ public:
+  // Binds `listen` ("HOST:PORT"; port 0 picks a free one), lets `routes` add handlers, and
+  // serves on a thread. Every server also answers GET /healthz ("ok") and GET /metrics (the
+  // process's metrics::Global() registry). `flag` names the option in errors.
+  // Returns: InvalidArgument (not HOST:PORT); FailedPrecondition (cannot listen there).
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const std::string& listen, const std::string& flag,
+      const std::function<void(httplib::Server&)>& routes);
+  ~HttpServer();
+
+  int port() const { return port_; }
+  const std::string& host() const { return host_; }
+  void Stop();
+
+ private:
+  HttpServer() = default;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  std::string host_;
+  int port_ = 0;
+};
+
+}  // namespace ember

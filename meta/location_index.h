@@ -1,0 +1,91 @@
+// LocationIndex: which node holds which block, as per-(file, node) bitmaps.
+//
+// Soft state: nodes send a full report when they register and small increments afterwards; the
+// bitmaps are persisted (unsynced) only so that a restarted meta answers at once, and losing
+// them loses nothing (nodes report again). A report's bitmaps are written to the store before
+// memory changes, so memory never claims what the store refused.
+//
+// One function computes what a node holds of a dataset version (Resident), for the locality
+// API, the status page, the scheduler and the Kubernetes extender alike.
+//
+// Thread-safe; one mutex, never held across a call into another unit (callers pass in what
+// they need of others: a NodeView, a version's file sizes).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/ids.h"
+#include "meta/meta.pb.h"
+#include "meta/node_registry.h"
+#include "meta/store.h"
+
+namespace ember::meta {
+
+class LocationIndex {
+ public:
+  using FileKey = MetaStore::FileKey;
+
+  // REQUIRES: the store outlives the index.
+  explicit LocationIndex(MetaStore* store) : store_(store) {}
+
+  // Loads the persisted bitmaps. Returns: Ok; the store's errors.
+  absl::Status Load();
+
+  // A node's report, its addresses already checked against the catalog: with full_start, the
+  // node's earlier bitmaps are forgotten first; `files` replace whole bitmaps; `added` and
+  // `removed` flip single bits. Returns: Ok; the store's errors (nothing changed then).
+  struct FileBitmap {
+    FileKey key;
+    std::string bitmap;  // bit i = block i
+  };
+  absl::Status Apply(const std::string& node, bool full_start, const std::vector<FileBitmap>& files,
+                     const std::vector<BlockAddr>& added, const std::vector<BlockAddr>& removed);
+
+  // Per block: the live nodes holding it (the asker included), with address and labels; for a
+  // block nobody holds, whether no live node other than `self` holds any block of its dataset
+  // version (`dataset_unheld`: the asker then need not ask again for a while).
+  void Locate(const std::vector<BlockAddr>& blocks, const std::string& self, const NodeView& view,
+              rpc::LocateResponse* resp);
+
+  // What each node holds of a dataset version, in exact bytes (last blocks included).
+  struct NodeResidency {
+    uint64_t bytes = 0;
+    uint64_t blocks = 0;
+  };
+  struct Residency {
+    uint64_t total_bytes = 0;
+    uint64_t total_blocks = 0;
+    std::map<std::string, NodeResidency> by_node;  // nodes holding something, live or dead
+    std::vector<uint64_t> replicas_histogram;      // [k] = blocks held by k live nodes
+    uint64_t anywhere_bytes = 0;                   // on at least one live node
+    uint64_t anywhere_blocks = 0;
+    uint64_t generation = 0;  // of the index when computed
+  };
+  Residency Resident(uint32_t dataset_id, uint32_t version, const std::vector<uint64_t>& file_sizes,
+                     uint64_t block_size, const NodeView& view);
+
+  // Forgets a dataset's locations (version 0: all versions) in memory; the catalog removes the
+  // stored ones with the dataset.
+  void Drop(uint32_t dataset_id, uint32_t version);
+  // Changes whenever any bitmap changes: cached results computed from the index use it.
+  uint64_t generation();
+
+ private:
+  bool HeldByOthersLocked(uint32_t ds, uint32_t version, const std::string& self,
+                          const NodeView& view) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  MetaStore* const store_;
+  absl::Mutex mu_;
+  std::map<FileKey, std::map<std::string, std::string>> locations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<FileKey>> node_files_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace ember::meta
