@@ -40,7 +40,7 @@ demo: deps
 
 bench: deps
 	@$(MAKE) --no-print-directory build
-	@tools/bench.sh $(BUILD_DIR)
+	@bench/bench.sh $(BUILD_DIR)
 
 # The test suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build dir.
 asan: deps

@@ -1,12 +1,23 @@
 // transport/: moving blocks between nodes. This is the front door other folders include.
 //
+// Owns: moving a block's bytes from the node that holds it to the node that asks, with the
+// cluster-token challenge, framing, timeouts, connection pooling and the choice of transport. It
+// knows blocks (BlockAddr) and peers ("HOST:PORT"), never files: a BlockSource hands it an fd and
+// an offset. Must not touch: the cache, files and paths, meta, which peer holds a block (the
+// caller says), checksum verification (it reports the server's checksum; the caller checks).
+// Depends only on common/.
+//
 // A node runs a BlockServer that sends resident blocks to peers, and fetches blocks from peers
 // through a BlockTransport. Two implementations share one protocol (wire.h): TCP (the server
 // sends straight from the cache file with sendfile, the client receives straight into the
 // caller's buffer) and RDMA (libibverbs RC queue pairs set up over the TCP channel; the server
 // RDMA-WRITEs the block into the client's registered buffer). SelectTransport picks one at start.
 //
-// transport/ knows blocks and peers, never files: a BlockSource hands it an fd and an offset.
+// Inside: wire.h (the protocol), socket_util.h (blocking sockets with timeouts), tcp_transport.cc
+// (the server for both transports, and the TCP client), select.cc (SelectTransport,
+// StartBlockServer), rdma/ (the RDMA unit, built only with cmake -DEMBER_RDMA=ON, the default; it
+// plugs into the server through qp_responder.h).
+//
 // Everything here is thread-safe.
 #pragma once
 
@@ -78,8 +89,9 @@ class BlockServer {
   virtual void Stop() = 0;
 };
 
-// Serves blocks from `source` on `listen` ("HOST:PORT", port 0 picks one). The source must
-// outlive the server. Returns: Unavailable when the address cannot be bound.
+// Serves blocks from `source` on `listen` ("HOST:PORT", port 0 picks one), answering RDMA queue
+// pairs too when options.serve_rdma and this node has an active verbs device.
+// REQUIRES: `source` outlives the server. Returns: Unavailable when the address cannot be bound.
 absl::StatusOr<std::unique_ptr<BlockServer>> StartBlockServer(const std::string& listen,
                                                               BlockSource* source,
                                                               const TransportOptions& options);
@@ -91,7 +103,9 @@ enum class TransportMode { kAuto, kTcp, kRdma };
 absl::StatusOr<TransportMode> ParseTransportMode(const std::string& text);
 
 // Picks the client transport: RDMA when asked for (error if impossible) or, with auto, when a
-// verbs device has an active port; TCP otherwise. `why` gets one line saying which and why.
+// verbs device has an active port; TCP otherwise (always, in a build without RDMA). `why` gets
+// one line saying which and why.
+// Returns: FailedPrecondition (kRdma without an active device, or RDMA not built in).
 absl::StatusOr<std::unique_ptr<BlockTransport>> SelectTransport(TransportMode mode,
                                                                 const TransportOptions& options,
                                                                 std::string* why);

@@ -1,5 +1,9 @@
 // The TCP transport: a block server (one thread per connection, sendfile from the cache file) and
 // a client with pooled, authenticated connections that receives straight into the caller's buffer.
+// The server answers queue-pair handshakes only through the QpResponder it is given
+// (qp_responder.h); it knows nothing of RDMA.
+#include "transport/tcp_transport.h"
+
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -7,14 +11,15 @@
 
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "transport/block_transport.h"
-#include "transport/rdma.h"
+#include "transport/qp_responder.h"
 #include "transport/socket_util.h"
 #include "transport/wire.h"
 
@@ -42,29 +47,31 @@ absl::Status FromWire(WireStatus s, const std::string& peer) {
   return absl::UnavailableError(msg);
 }
 
+// Thread-safety: mu_ guards the connection set, the threads and the counters; no I/O happens
+// under it (a connection thread takes it only to count, and once to leave).
 class TcpServer final : public BlockServer {
  public:
   TcpServer(int listen_fd, int port, BlockSource* source, const TransportOptions& options,
-            std::optional<RdmaDeviceInfo> rdma_device)
+            std::unique_ptr<QpResponder> responder)
       : listen_fd_(listen_fd),
         port_(port),
         source_(source),
         options_(options),
-        rdma_device_(std::move(rdma_device)) {
+        responder_(std::move(responder)) {
     acceptor_ = std::thread([this] { AcceptLoop(); });
   }
   ~TcpServer() override { Stop(); }
 
   int port() const override { return port_; }
 
-  Stats GetStats() override {
-    std::lock_guard lock(mu_);
+  Stats GetStats() override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return stats_;
   }
 
-  void Stop() override {
+  void Stop() override ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopped_) return;
       stopped_ = true;
       for (int fd : conns_) shutdown(fd, SHUT_RDWR);
@@ -74,61 +81,73 @@ class TcpServer final : public BlockServer {
     close(listen_fd_);
     std::vector<std::thread> threads;
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       threads.swap(threads_);
     }
     for (auto& t : threads) t.join();
   }
 
  private:
-  void AcceptLoop() {
+  void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_) {
     while (true) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;  // shut down
       }
-      std::lock_guard lock(mu_);
-      if (stopped_) {
-        close(fd);
-        return;
-      }
-      if (conns_.size() >= options_.max_connections) {
-        // Refuse politely: the client sees Busy instead of a hang.
-        SetIoTimeout(fd, std::chrono::milliseconds(200));
-        Hello h;
-        std::string f = EncodeHello(h);
-        (void)WriteFull(fd, f.data(), f.size());
-        Response r;
-        r.status = WireStatus::kBusy;
-        std::string rf = EncodeResponse(r);
-        (void)WriteFull(fd, rf.data(), rf.size());
-        close(fd);
-        continue;
-      }
-      conns_.insert(fd);
-      // Join connection threads that have finished, so their stacks do not pile up.
-      for (auto it = threads_.begin(); it != threads_.end();) {
-        if (finished_.count(it->get_id())) {
-          finished_.erase(it->get_id());
-          it->join();
-          it = threads_.erase(it);
-        } else {
-          ++it;
+      bool busy = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_) {
+          close(fd);
+          return;
+        }
+        busy = conns_.size() >= options_.max_connections;
+        if (!busy) {
+          conns_.insert(fd);
+          JoinFinished();
+          threads_.emplace_back([this, fd] {
+            Serve(fd);
+            absl::MutexLock l(&mu_);
+            conns_.erase(fd);
+            close(fd);
+            finished_.insert(std::this_thread::get_id());
+          });
         }
       }
-      threads_.emplace_back([this, fd] {
-        Serve(fd);
-        std::lock_guard l(mu_);
-        conns_.erase(fd);
-        close(fd);
-        finished_.insert(std::this_thread::get_id());
-      });
+      if (busy) RefuseBusy(fd);
     }
   }
 
-  void Count(uint64_t Stats::*field, uint64_t n = 1) {
-    std::lock_guard lock(mu_);
+  // Joins connection threads that have finished, so their stacks do not pile up.
+  void JoinFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (finished_.count(it->get_id())) {
+        finished_.erase(it->get_id());
+        it->join();
+        it = threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Refuses politely over the connection limit: the client sees Busy instead of a hang.
+  static void RefuseBusy(int fd) {
+    SetIoTimeout(fd, std::chrono::milliseconds(200));
+    Hello h;
+    std::string f = EncodeHello(h);
+    // Best effort: the connection is closed either way, and the client reads EOF as Unavailable.
+    (void)WriteFull(fd, f.data(), f.size());
+    Response r;
+    r.status = WireStatus::kBusy;
+    std::string rf = EncodeResponse(r);
+    (void)WriteFull(fd, rf.data(), rf.size());  // best effort, as above
+    close(fd);
+  }
+
+  void Count(uint64_t Stats::*field, uint64_t n = 1) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     stats_.*field += n;
   }
 
@@ -154,7 +173,7 @@ class TcpServer final : public BlockServer {
     std::string rf = EncodeAuthReply(reply);
     if (!WriteFull(fd, rf.data(), rf.size()).ok() || reply.status != WireStatus::kOk) return;
 
-    std::unique_ptr<RdmaEndpoint> rdma;  // set once the client connects a queue pair
+    std::unique_ptr<BlockWriter> writer;  // set once the client connects a queue pair
     while (true) {
       if (!WaitReadable(fd, kIdleTimeout)) return;
       std::string frame(kHeaderSize, '\0');
@@ -169,7 +188,7 @@ class TcpServer final : public BlockServer {
       frame.resize(size);
       if (!ReadFull(fd, frame.data() + kHeaderSize, size - kHeaderSize).ok()) return;
       if (type == FrameType::kQpInfo) {
-        if (!ServeQpInfo(fd, frame, &rdma)) return;
+        if (!ServeQpInfo(fd, frame, &writer)) return;
         continue;
       }
       auto q = DecodeRequest(frame);
@@ -177,7 +196,7 @@ class TcpServer final : public BlockServer {
         BadFrame(fd);
         return;
       }
-      if (!ServeRequest(fd, *q, rdma.get())) return;
+      if (!ServeRequest(fd, *q, writer.get())) return;
     }
   }
 
@@ -187,34 +206,38 @@ class TcpServer final : public BlockServer {
     Response resp;
     resp.status = WireStatus::kBadRequest;
     std::string f = EncodeResponse(resp);
-    (void)WriteFull(fd, f.data(), f.size());
+    (void)WriteFull(fd, f.data(), f.size());  // best effort: the caller drops the connection
   }
 
-  bool ServeQpInfo(int fd, const std::string& frame, std::unique_ptr<RdmaEndpoint>* rdma) {
+  // A client's queue-pair handshake: the responder sets up this side and `*writer` serves the
+  // connection's one-sided requests; without a responder (or if it fails) the answer is
+  // kUnsupported and the connection ends. Returns whether to keep serving.
+  bool ServeQpInfo(int fd, const std::string& frame, std::unique_ptr<BlockWriter>* writer) {
     auto remote = DecodeQpInfo(frame);
     if (!remote) {
       BadFrame(fd);
       return false;
     }
     absl::Status st = absl::UnavailableError("no RDMA device on this node");
-    if (rdma_device_) {
-      auto ep = RdmaEndpoint::Create(*rdma_device_, kMaxLength);
-      st = ep.ok() ? (*ep)->Connect(*remote) : ep.status();
+    if (responder_) {
+      QpInfo mine;
+      auto w = responder_->Accept(*remote, &mine);
+      st = w.status();
       if (st.ok()) {
-        *rdma = std::move(*ep);
-        std::string mine = EncodeQpInfo((*rdma)->local());
-        return WriteFull(fd, mine.data(), mine.size()).ok();
+        *writer = std::move(*w);
+        std::string f = EncodeQpInfo(mine);
+        return WriteFull(fd, f.data(), f.size()).ok();
       }
     }
     spdlog::warn("peer server: RDMA setup refused: {}", std::string(st.message()));
     Response resp;
     resp.status = WireStatus::kUnsupported;
     std::string f = EncodeResponse(resp);
-    (void)WriteFull(fd, f.data(), f.size());
+    (void)WriteFull(fd, f.data(), f.size());  // best effort: the connection ends here
     return false;
   }
 
-  bool ServeRequest(int fd, const Request& q, RdmaEndpoint* rdma) {
+  bool ServeRequest(int fd, const Request& q, BlockWriter* writer) {
     Response resp;
     resp.request_id = q.request_id;
     Count(&Stats::requests);
@@ -225,7 +248,7 @@ class TcpServer final : public BlockServer {
       resp.status = WireStatus::kNotFound;
     } else if (q.offset + q.length > block->length) {
       resp.status = WireStatus::kBadRequest;
-    } else if (via_rdma && rdma == nullptr) {
+    } else if (via_rdma && writer == nullptr) {
       resp.status = WireStatus::kUnsupported;
     } else {
       resp.block_checksum = block->checksum;
@@ -233,12 +256,9 @@ class TcpServer final : public BlockServer {
       resp.length = q.length;
     }
     if (resp.status == WireStatus::kOk && via_rdma) {
-      // Read into the registered buffer, write it into the client's, then answer over TCP.
-      ssize_t n =
-          pread(block->fd, rdma->buffer(), q.length, static_cast<off_t>(block->offset + q.offset));
-      absl::Status st = n == static_cast<ssize_t>(q.length)
-                            ? rdma->WriteTo(q.length, q.remote_addr, q.rkey, options_.io_timeout)
-                            : absl::DataLossError("short read of the block file");
+      // Put the bytes into the client's memory first, then answer over TCP.
+      absl::Status st = writer->Write(block->fd, block->offset + q.offset, q.length, q.remote_addr,
+                                      q.rkey, options_.io_timeout);
       if (!st.ok()) {
         resp.status = WireStatus::kInternal;
         resp.length = 0;
@@ -260,16 +280,17 @@ class TcpServer final : public BlockServer {
   int port_;
   BlockSource* source_;
   TransportOptions options_;
-  std::optional<RdmaDeviceInfo> rdma_device_;
+  const std::unique_ptr<QpResponder> responder_;  // null: queue pairs are refused
   std::thread acceptor_;
-  std::mutex mu_;
-  bool stopped_ = false;
-  std::set<int> conns_;
-  std::vector<std::thread> threads_;
-  std::set<std::thread::id> finished_;
-  Stats stats_;
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<int> conns_ ABSL_GUARDED_BY(mu_);  // open connections, shut down by Stop
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::set<std::thread::id> finished_ ABSL_GUARDED_BY(mu_);  // threads_ ready to join
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
+// Thread-safety: mu_ guards only the idle pool; fetches run on a connection taken out of it.
 class TcpTransport final : public BlockTransport {
  public:
   explicit TcpTransport(const TransportOptions& options) : options_(options) {}
@@ -301,9 +322,9 @@ class TcpTransport final : public BlockTransport {
   }
 
  private:
-  absl::StatusOr<int> Get(const std::string& peer, bool* pooled) {
+  absl::StatusOr<int> Get(const std::string& peer, bool* pooled) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto& v = idle_[peer];
       if (!v.empty()) {
         int fd = v.back();
@@ -322,8 +343,8 @@ class TcpTransport final : public BlockTransport {
     return fd;
   }
 
-  void Put(const std::string& peer, int fd) {
-    std::lock_guard lock(mu_);
+  void Put(const std::string& peer, int fd) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     auto& v = idle_[peer];
     if (v.size() < options_.max_idle_per_peer) {
       v.push_back(fd);
@@ -360,30 +381,25 @@ class TcpTransport final : public BlockTransport {
     return absl::OkStatus();
   }
 
-  TransportOptions options_;
-  std::mutex mu_;
-  std::map<std::string, std::vector<int>> idle_;
+  const TransportOptions options_;
+  absl::Mutex mu_;
+  std::map<std::string, std::vector<int>> idle_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> next_id_{1};
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BlockServer>> StartBlockServer(const std::string& listen,
-                                                              BlockSource* source,
-                                                              const TransportOptions& options) {
+absl::StatusOr<std::unique_ptr<BlockServer>> StartTcpBlockServer(
+    const std::string& listen, BlockSource* source, const TransportOptions& options,
+    std::unique_ptr<QpResponder> responder) {
   // A client hanging up mid-send must cost one connection, not the process: sendfile() has no
   // MSG_NOSIGNAL, so SIGPIPE is ignored in any process that serves blocks.
   signal(SIGPIPE, SIG_IGN);
   int port = 0;
   auto fd = ListenTcp(listen, &port);
   if (!fd.ok()) return fd.status();
-  // Peers may ask for RDMA; answer them when this node has an active device.
-  std::optional<RdmaDeviceInfo> device;
-  if (options.serve_rdma) {
-    std::string error, why;
-    device = ChooseRdmaDevice(ProbeRdmaDevices(&error), &why);
-  }
-  return std::unique_ptr<BlockServer>(new TcpServer(*fd, port, source, options, device));
+  return std::unique_ptr<BlockServer>(
+      new TcpServer(*fd, port, source, options, std::move(responder)));
 }
 
 std::unique_ptr<BlockTransport> NewTcpTransport(const TransportOptions& options) {

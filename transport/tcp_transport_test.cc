@@ -1,3 +1,5 @@
+#include "transport/tcp_transport.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -9,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/testing/testing.h"
 #include "transport/block_transport.h"
+#include "transport/qp_responder.h"
 #include "transport/socket_util.h"
 #include "transport/wire.h"
 
@@ -52,8 +55,9 @@ class TcpTransportTest : public ::testing::Test {
   }
 
   // A raw, authenticated connection to the server for sending arbitrary bytes.
-  int RawConnection(const std::string& token) {
-    auto fd = ConnectTcp(peer_, std::chrono::seconds(1), std::chrono::seconds(2));
+  int RawConnection(const std::string& token) { return RawConnectionTo(peer_, token); }
+  int RawConnectionTo(const std::string& peer, const std::string& token) {
+    auto fd = ConnectTcp(peer, std::chrono::seconds(1), std::chrono::seconds(2));
     EXPECT_TRUE(fd.ok());
     std::string hello(kHelloSize, '\0');
     EXPECT_TRUE(ReadFull(*fd, hello.data(), hello.size()).ok());
@@ -218,6 +222,101 @@ TEST_F(TcpTransportTest, ConcurrentClientsAndStop) {
   std::string buf(10, '\0');
   EXPECT_EQ(client->Fetch(peer_, {1, 1, 5, 0}, 0, 10, buf.data(), nullptr).code(),
             absl::StatusCode::kUnavailable);
+}
+
+// Stands in for RDMA in one process: "remote memory" is this process's, so a writer can pread the
+// block straight to remote_addr. Exercises the server's side of the seam (qp_responder.h).
+class LoopbackWriter : public BlockWriter {
+ public:
+  absl::Status Write(int fd, uint64_t offset, uint32_t length, uint64_t remote_addr, uint32_t rkey,
+                     std::chrono::milliseconds timeout) override {
+    if (rkey != 77) return absl::UnavailableError("wrong rkey");
+    ssize_t n = pread(fd, reinterpret_cast<char*>(remote_addr), length, offset);
+    return n == static_cast<ssize_t>(length) ? absl::OkStatus() : absl::DataLossError("short");
+  }
+};
+
+class LoopbackResponder : public QpResponder {
+ public:
+  absl::StatusOr<std::unique_ptr<BlockWriter>> Accept(const QpInfo& remote,
+                                                      QpInfo* local) override {
+    accepted_qp = remote.qp_num;
+    local->qp_num = remote.qp_num + 1;
+    local->mtu = remote.mtu;
+    local->rkey = 5;
+    return std::make_unique<LoopbackWriter>();
+  }
+  std::atomic<uint32_t> accepted_qp{0};
+};
+
+TEST_F(TcpTransportTest, QueuePairsGoThroughTheResponderGivenAtStart) {
+  auto owned = std::make_unique<LoopbackResponder>();
+  LoopbackResponder* responder = owned.get();
+  auto server = StartTcpBlockServer("127.0.0.1:0", source_.get(), options_, std::move(owned));
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::string peer = absl::StrCat("127.0.0.1:", (*server)->port());
+  std::string buf(2 << 20, '\0');
+  std::string resp(kResponseSize, '\0');
+
+  // A one-sided request before any handshake: unsupported on this connection.
+  int fd = RawConnectionTo(peer, options_.token);
+  Request q = MakeRequest(1, {1, 1, 5, 1}, 0, 2 << 20);
+  q.remote_addr = reinterpret_cast<uint64_t>(buf.data());
+  q.rkey = 77;
+  std::string f = EncodeRequest(q);
+  ASSERT_TRUE(WriteFull(fd, f.data(), f.size()).ok());
+  ASSERT_TRUE(ReadFull(fd, resp.data(), resp.size()).ok());
+  EXPECT_EQ(DecodeResponse(resp)->status, WireStatus::kUnsupported);
+  close(fd);
+
+  // The handshake: the responder's answer goes back, then the writer serves requests.
+  fd = RawConnectionTo(peer, options_.token);
+  QpInfo mine;
+  mine.qp_num = 41;
+  mine.mtu = 3;
+  f = EncodeQpInfo(mine);
+  ASSERT_TRUE(WriteFull(fd, f.data(), f.size()).ok());
+  std::string theirs(kQpInfoSize, '\0');
+  ASSERT_TRUE(ReadFull(fd, theirs.data(), theirs.size()).ok());
+  ASSERT_TRUE(DecodeQpInfo(theirs));
+  EXPECT_EQ(DecodeQpInfo(theirs)->qp_num, 42u);
+  EXPECT_EQ(responder->accepted_qp, 41u);
+  f = EncodeRequest(q);
+  ASSERT_TRUE(WriteFull(fd, f.data(), f.size()).ok());
+  ASSERT_TRUE(ReadFull(fd, resp.data(), resp.size()).ok());
+  auto r = DecodeResponse(resp);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, WireStatus::kOk);
+  EXPECT_EQ(r->length, 2u << 20);
+  EXPECT_EQ(r->block_checksum, BlockChecksum(data_.data() + (1 << 20), 2 << 20));
+  EXPECT_TRUE(buf == data_.substr(1 << 20, 2 << 20));
+  // A failed write is an internal error with no payload; the connection goes on.
+  q.request_id = 2;
+  q.rkey = 78;
+  f = EncodeRequest(q);
+  ASSERT_TRUE(WriteFull(fd, f.data(), f.size()).ok());
+  ASSERT_TRUE(ReadFull(fd, resp.data(), resp.size()).ok());
+  EXPECT_EQ(DecodeResponse(resp)->status, WireStatus::kInternal);
+  EXPECT_EQ(DecodeResponse(resp)->length, 0u);
+  close(fd);
+  EXPECT_EQ((*server)->GetStats().bytes, 2u << 20);
+}
+
+TEST_F(TcpTransportTest, WithoutAResponderQueuePairsAreRefused) {
+  auto server = StartTcpBlockServer("127.0.0.1:0", source_.get(), options_, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  int fd = RawConnectionTo(absl::StrCat("127.0.0.1:", (*server)->port()), options_.token);
+  QpInfo mine;
+  mine.qp_num = 41;
+  mine.mtu = 3;
+  std::string f = EncodeQpInfo(mine);
+  ASSERT_TRUE(WriteFull(fd, f.data(), f.size()).ok());
+  std::string resp(kResponseSize, '\0');
+  ASSERT_TRUE(ReadFull(fd, resp.data(), resp.size()).ok());
+  EXPECT_EQ(DecodeResponse(resp)->status, WireStatus::kUnsupported);
+  char c;
+  EXPECT_LE(recv(fd, &c, 1, 0), 0);  // then closed
+  close(fd);
 }
 
 }  // namespace

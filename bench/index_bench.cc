@@ -1,4 +1,4 @@
-// index_bench: writes a cache index holding every block of a dataset, for tools/bench_memory.sh
+// index_bench: writes a cache index holding every block of a dataset, for bench/bench_memory.sh
 // (agent memory with a large index). Not a test.
 //
 //   index_bench META DATASET CACHE_DIR

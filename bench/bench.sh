@@ -131,6 +131,6 @@ say "scheduler"
 stop_all
 trap - EXIT
 
-# ---- remote origins: S3-compatible server on loopback (s3rver), see tools/bench_origins.sh ----
+# ---- remote origins: S3-compatible server on loopback (s3rver), see bench/bench_origins.sh ----
 say "remote origins"
 "$(dirname "$0")/bench_origins.sh" "$BUILD" | tee -a "$OUT/results.md" || echo "origins benchmark failed"

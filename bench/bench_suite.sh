@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench_suite.sh BUILD: Ember side by side with the native file system, bindfs (a plain FUSE
 # pass-through) and `rclone mount --vfs-cache-mode full` (a caching FUSE file system), all over
-# the same origin directory, in one run. Called by `make bench` (tools/bench.sh); writes
+# the same origin directory, in one run. Called by `make bench` (bench/bench.sh); writes
 # BUILD/bench/suite.md and the generated part of docs/benchmarks.md.
 #
 # Data (generated once under $EMBER_BENCH_DIR/suite/data, default /var/tmp/ember-bench):

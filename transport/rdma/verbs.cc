@@ -1,18 +1,14 @@
-#include "transport/rdma.h"
+#include "transport/rdma/verbs.h"
 
 #include <infiniband/verbs.h>
-#include <spdlog/spdlog.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "transport/socket_util.h"
 
 namespace ember::transport {
 
@@ -194,130 +190,6 @@ absl::Status RdmaEndpoint::WriteTo(size_t len, uint64_t remote_addr, uint32_t rk
     }
     std::this_thread::yield();
   }
-}
-
-namespace {
-
-// The client: per peer, a TCP control connection plus a connected endpoint.
-class RdmaTransport final : public BlockTransport {
- public:
-  RdmaTransport(const RdmaDeviceInfo& device, const TransportOptions& options)
-      : device_(device), options_(options) {}
-  ~RdmaTransport() override {
-    for (auto& [peer, s] : sessions_) close(s->fd);
-  }
-  const char* name() const override { return "rdma"; }
-
-  absl::Status Fetch(const std::string& peer, const BlockAddr& addr, uint64_t offset,
-                     uint32_t length, char* buf, FetchInfo* info) override {
-    std::lock_guard lock(mu_);  // one block in flight per transport; enough for a fill pool
-    auto it = sessions_.find(peer);
-    if (it == sessions_.end()) {
-      auto s = Open(peer);
-      if (!s.ok()) return s.status();
-      it = sessions_.emplace(peer, std::move(*s)).first;
-    }
-    Session& s = *it->second;
-    Request q = MakeRequest(next_id_++, addr, offset, length);
-    q.remote_addr = reinterpret_cast<uint64_t>(s.ep->buffer());
-    q.rkey = s.ep->local().rkey;
-    std::string qf = EncodeRequest(q);
-    std::string pf(kResponseSize, '\0');
-    absl::Status st = WriteFull(s.fd, qf.data(), qf.size());
-    if (st.ok()) st = ReadFull(s.fd, pf.data(), pf.size());
-    auto resp = st.ok() ? DecodeResponse(pf) : std::nullopt;
-    if (!resp || resp->request_id != q.request_id) {
-      close(s.fd);
-      sessions_.erase(it);
-      return absl::UnavailableError(absl::StrCat("peer ", peer, ": RDMA control channel lost"));
-    }
-    if (resp->status == WireStatus::kNotFound) return absl::NotFoundError("peer lacks block");
-    if (resp->status != WireStatus::kOk || resp->length != length) {
-      return absl::UnavailableError(
-          absl::StrCat("peer ", peer, ": ", WireStatusName(resp->status)));
-    }
-    std::memcpy(buf, s.ep->buffer(), length);
-    if (info) {
-      info->block_checksum = resp->block_checksum;
-      info->block_length = resp->block_length;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  struct Session {
-    int fd = -1;
-    std::unique_ptr<RdmaEndpoint> ep;
-  };
-
-  absl::StatusOr<std::unique_ptr<Session>> Open(const std::string& peer) {
-    auto fd = ConnectTcp(peer, options_.connect_timeout, options_.io_timeout);
-    if (!fd.ok()) return fd.status();
-    auto session = std::make_unique<Session>();
-    session->fd = *fd;
-    std::string qi(kQpInfoSize, '\0');
-    absl::Status st = ClientHandshake(*fd, peer, options_.token);
-    if (!st.ok()) return Fail(session.get(), peer, std::string(st.message()));
-    auto ep = RdmaEndpoint::Create(device_, kMaxLength);
-    if (!ep.ok()) return Fail(session.get(), peer, std::string(ep.status().message()));
-    session->ep = std::move(*ep);
-    std::string mine = EncodeQpInfo(session->ep->local());
-    st = WriteFull(*fd, mine.data(), mine.size());
-    if (st.ok()) st = ReadFull(*fd, qi.data(), qi.size());
-    auto theirs = st.ok() ? DecodeQpInfo(qi) : std::nullopt;
-    if (!theirs) return Fail(session.get(), peer, "server has no RDMA");
-    st = session->ep->Connect(*theirs);
-    if (!st.ok()) return Fail(session.get(), peer, std::string(st.message()));
-    return session;
-  }
-
-  static absl::Status Fail(Session* s, const std::string& peer, const std::string& why) {
-    close(s->fd);
-    return absl::UnavailableError(absl::StrCat("peer ", peer, ": RDMA setup: ", why));
-  }
-
-  RdmaDeviceInfo device_;
-  TransportOptions options_;
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Session>> sessions_;
-  uint64_t next_id_ = 1;
-};
-
-}  // namespace
-
-std::unique_ptr<BlockTransport> NewRdmaTransport(const RdmaDeviceInfo& device,
-                                                 const TransportOptions& options) {
-  return std::make_unique<RdmaTransport>(device, options);
-}
-
-absl::StatusOr<TransportMode> ParseTransportMode(const std::string& text) {
-  if (text == "auto") return TransportMode::kAuto;
-  if (text == "tcp") return TransportMode::kTcp;
-  if (text == "rdma") return TransportMode::kRdma;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--transport '", text, "' must be auto, tcp or rdma"));
-}
-
-absl::StatusOr<std::unique_ptr<BlockTransport>> SelectTransport(TransportMode mode,
-                                                                const TransportOptions& options,
-                                                                std::string* why) {
-  if (mode == TransportMode::kTcp) {
-    *why = "transport tcp (asked for with --transport tcp)";
-    return NewTcpTransport(options);
-  }
-  std::string error, choice;
-  auto devices = ProbeRdmaDevices(&error);
-  auto device = ChooseRdmaDevice(devices, &choice);
-  if (device) {
-    *why = absl::StrCat("transport rdma: ", choice);
-    return NewRdmaTransport(*device, options);
-  }
-  if (mode == TransportMode::kRdma) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--transport rdma: ", choice, error.empty() ? "" : " (" + error + ")"));
-  }
-  *why = absl::StrCat("transport tcp: ", choice, error.empty() ? "" : " (" + error + ")");
-  return NewTcpTransport(options);
 }
 
 }  // namespace ember::transport

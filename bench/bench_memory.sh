@@ -1,9 +1,9 @@
 #!/bin/bash
 # bench_memory.sh BUILD: memory of a node agent holding a 1,000,000-block cache index, and what
-# meta spends per block location. Called by tools/bench_suite.sh; prints a Markdown paragraph.
+# meta spends per block location. Called by bench/bench_suite.sh; prints a Markdown paragraph.
 #
 # A dataset of 1,000 sparse files of 1,000 blocks (64 KiB blocks) is added to a real meta;
-# tools/bench/index_bench writes a cache index with every block resident; then a real
+# bench/index_bench writes a cache index with every block resident; then a real
 # `ember node` starts on it (it loads the index and reports every block to meta). RSS is read
 # from /proc after the report, against a node with an empty cache and meta before the report.
 set -euo pipefail

@@ -18,7 +18,7 @@ OUT=$BUILD/bench/uring
 PARAM=/sys/module/fuse/parameters/enable_uring
 START=$(date +%s)
 say() { echo "bench: [$(($(date +%s) - START))s] $*" >&2; }
-[ -f "$DATA/.done" ] || { echo "bench: run tools/bench_suite.sh first (it makes $DATA)" >&2; exit 1; }
+[ -f "$DATA/.done" ] || { echo "bench: run bench/bench_suite.sh first (it makes $DATA)" >&2; exit 1; }
 if [ ! -w "$PARAM" ]; then
   echo "bench: this kernel has no FUSE over io_uring ($PARAM); nothing to measure" >&2
   exit 0

@@ -1,4 +1,4 @@
-// read_bench: times read patterns over files, for tools/bench.sh. Not a test.
+// read_bench: times read patterns over files, for bench/bench.sh. Not a test.
 //
 //   read_bench seq FILE drop|keep              1 MiB sequential reads of FILE; prints MiB/s
 //   read_bench small LIST WORKERS SEED drop|keep

@@ -3,7 +3,7 @@
 # loopback. (1) cold read of a 1 GiB object through an Ember mount vs `curl` of the same object
 # from the same server, interleaved, 5 runs each, medians (also with `ember node --direct-io`),
 # and the same against nginx (HTTP origin); (2) `ember prefetch` of 5,000 small
-# objects (objects/s). Usage: tools/bench_origins.sh BUILD_DIR
+# objects (objects/s). Usage: bench/bench_origins.sh BUILD_DIR
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
 EMBER=$BUILD/bin/ember

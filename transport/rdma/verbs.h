@@ -1,15 +1,6 @@
-// RDMA (libibverbs) pieces of the transport: device discovery and choice, and one reliable-
-// connected queue pair with a registered buffer. Internal to transport/.
-//
-// How a block moves over RDMA: the client opens the usual authenticated TCP connection, sends its
-// QpInfo (queue pair number, LID/GID, PSN, buffer address and rkey), gets the server's, and both
-// move their QPs INIT -> RTR -> RTS. For each block the client sends a Request carrying its
-// buffer's address and rkey over TCP; the server reads the block into its registered buffer,
-// RDMA-WRITEs it into the client's buffer, waits for the completion, and answers the Request
-// over TCP. The TCP channel keeps framing, errors and timeouts the same as the TCP transport.
-//
-// This machine's kernel has no InfiniBand, so only discovery, choice and the handshake encoding
-// are exercised by tests here; the data path runs where a device exists (docs/architecture.md).
+// The libibverbs layer of transport/rdma/: device discovery and choice, and one reliable-connected
+// queue pair with a registered buffer. Every verbs call in Ember is in verbs.cc. Internal to
+// transport/rdma/ (and its test).
 #pragma once
 
 #include <chrono>
@@ -20,7 +11,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "transport/block_transport.h"
 #include "transport/wire.h"
 
 struct ibv_context;
@@ -72,8 +62,5 @@ class RdmaEndpoint {
   QpInfo local_;
   uint64_t next_wr_ = 1;
 };
-
-std::unique_ptr<BlockTransport> NewRdmaTransport(const RdmaDeviceInfo& device,
-                                                 const TransportOptions& options);
 
 }  // namespace ember::transport
