@@ -2,6 +2,7 @@
 // dir, gRPC on 127.0.0.1, driven through the CLI and the client library.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -372,6 +373,92 @@ TEST_F(MetaIntegrationTest, EverythingSurvivesKill9) {
   // A new dataset after the restart gets a fresh id.
   ASSERT_EQ(Ember({"dataset", "add", "e", dir_.Sub("origin")}).exit_code, 0);
   EXPECT_EQ(EmberJson({"dataset", "show", "e"})["id"], 2);
+}
+
+// Meta's data dir on a small file system that fills up: every write fails with a clear error
+// and changes nothing, reads go on, writes resume once there is room, and a restart finds exactly
+// what was acknowledged.
+TEST_F(MetaIntegrationTest, AFullDataDirFailsWritesClearlyAndLosesNothingAcknowledged) {
+  const std::string small = dir_.Sub("small");
+  fs::create_directories(small);
+  if (testing::RunShell("mount -t tmpfs -o size=160m tmpfs " + small) != 0) {
+    GTEST_SKIP() << "needs root to mount a tmpfs";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { testing::RunShell("umount -l " + path); }
+  } unmount{small};
+  MetaProcess meta(small + "/m");
+  auto ember = [&](std::vector<std::string> args) {
+    args.push_back("--meta");
+    args.push_back(meta.address());
+    return RunEmber(args);
+  };
+  auto& c = meta.client();
+  ASSERT_EQ(ember({"dataset", "add", "kept", dir_.Sub("origin")}).exit_code, 0);
+  ASSERT_TRUE(c.RegisterNode(MakeNode("n1", "127.0.0.2:7001")).ok());
+  rpc::JobSpec spec;
+  spec.set_name("j1");
+  spec.set_workers(1);
+  spec.set_gpus_per_worker(4);
+  auto j1 = c.SubmitJob(spec);
+  ASSERT_TRUE(j1.ok()) << j1.status();
+  rpc::PrefetchSpec pf;
+  pf.set_dataset("kept");
+  auto p1 = c.StartPrefetch(pf);
+  ASSERT_TRUE(p1.ok()) << p1.status();
+
+  // Fill the file system to 32 MiB short of full: below meta's 64 MiB reserve.
+  struct statvfs vfs;
+  ASSERT_EQ(statvfs(small.c_str(), &vfs), 0);
+  const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  ASSERT_GT(avail, 64u << 20);
+  ASSERT_EQ(testing::RunShell(absl::StrCat("fallocate -l ", avail - (32u << 20), " ", small,
+                                           "/filler")),
+            0);
+
+  auto r = ember({"dataset", "add", "more", dir_.Sub("origin")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("MiB kept in reserve"), std::string::npos) << r.err;
+  spec.set_name("j2");
+  EXPECT_EQ(c.SubmitJob(spec).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c.CancelPrefetch(p1->id()).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c.RegisterNode(MakeNode("n2", "127.0.0.3:7001")).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  rpc::RecordChecksumsRequest sums;
+  auto* s = sums.add_checksums();
+  *s->mutable_block() = Addr(1, 1, 2, 0);
+  s->set_checksum(0xfeed);
+  EXPECT_EQ(c.RecordChecksums(sums).status().code(), absl::StatusCode::kResourceExhausted);
+  // Reads go on, and show nothing of what was refused.
+  auto datasets = c.ListDatasets();
+  ASSERT_TRUE(datasets.ok());
+  EXPECT_EQ(datasets->size(), 1u);
+  EXPECT_EQ(c.ListJobs()->jobs_size(), 1);
+  EXPECT_EQ(c.GetPrefetch(p1->id())->state(), rpc::PrefetchJob::RUNNING);
+  EXPECT_EQ(c.ListNodes()->size(), 1u);
+
+  // Room again: writes work at once, no restart needed.
+  fs::remove(small + "/filler");
+  ASSERT_EQ(ember({"dataset", "add", "more", dir_.Sub("origin")}).exit_code, 0);
+  ASSERT_TRUE(c.RecordChecksums(sums).ok());
+
+  // A restart after kill -9 finds exactly what was acknowledged.
+  meta.Kill(SIGKILL);
+  meta.Restart();
+  datasets = c.ListDatasets();
+  ASSERT_TRUE(datasets.ok());
+  std::vector<std::string> names;
+  for (const auto& ds : *datasets) names.push_back(ds.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"kept", "more"}));
+  auto jobs = c.ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->jobs_size(), 1);
+  EXPECT_EQ(jobs->jobs(0).spec().name(), "j1");
+  EXPECT_EQ(c.GetPrefetch(p1->id())->state(), rpc::PrefetchJob::RUNNING);
+  EXPECT_EQ(c.ListNodes()->size(), 1u);
+  sums.mutable_checksums(0)->set_checksum(0xbad);
+  EXPECT_TRUE(c.RecordChecksums(sums)->conflict(0));
 }
 
 TEST_F(MetaIntegrationTest, UnreachableMetaNamesTheAddress) {

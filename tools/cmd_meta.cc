@@ -21,6 +21,7 @@ void AddMetaCommand(CLI::App& app) {
     std::string token_file;
     std::string tls_cert;
     std::string tls_key;
+    std::string reserve = "64MiB";
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")->capture_default_str();
@@ -28,8 +29,12 @@ void AddMetaCommand(CLI::App& app) {
   cmd->add_option("--lease", opts->lease, "Node lease: a node silent this long is dead")
       ->capture_default_str();
   cmd->add_option("--http", opts->http,
-                  "HOST:PORT for HTTP: the kube-scheduler extender (/scheduler/filter, "
-                  "/scheduler/prioritize) and /healthz");
+                  "HOST:PORT for HTTP: the status page (/), /api/status, /metrics, /healthz "
+                  "and the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)");
+  cmd->add_option("--reserve", opts->reserve,
+                  "Free space the data dir's file system must keep: below it meta refuses "
+                  "writes (clear errors, nothing lost) instead of failing mid-write")
+      ->capture_default_str();
   cmd->add_option("--token-file", opts->token_file,
                   "File holding the cluster token every caller must send (default "
                   "$EMBER_TOKEN_FILE)");
@@ -40,6 +45,8 @@ void AddMetaCommand(CLI::App& app) {
     auto lease = ParseDuration(opts->lease);
     if (!lease.ok()) Fail(lease.status());
     if (lease->count() < 100) Fail("--lease must be at least 100ms");
+    auto reserve = ParseSize(opts->reserve);
+    if (!reserve.ok()) Fail(reserve.status());
     BlockTerminationSignals();
     meta::MetaOptions options;
     options.listen = opts->listen;
@@ -51,6 +58,7 @@ void AddMetaCommand(CLI::App& app) {
     options.token = ResolveCredentials(token_only).token;
     options.tls_cert_file = opts->tls_cert;
     options.tls_key_file = opts->tls_key;
+    options.reserve_bytes = *reserve;
     auto server = meta::MetaServer::Start(options);
     if (!server.ok()) Fail(server.status());
     std::thread waiter([&] {

@@ -1,0 +1,95 @@
+#include "meta/location_index.h"
+
+#include <gtest/gtest.h>
+
+#include "meta/unit_testing.h"
+
+namespace ember::meta {
+namespace {
+
+using LocationIndexTest = StoreFixture;
+
+NodeView TwoNodes(NodeRegistry* nodes) {
+  for (const char* id : {"n1", "n2"}) {
+    rpc::Node n;
+    n.set_id(id);
+    n.set_address(std::string(id) + ":1");
+    (*n.mutable_labels())["rack"] = "r1";
+    EXPECT_TRUE(nodes->Register(n).ok());
+  }
+  return nodes->View();
+}
+
+std::vector<uint64_t> Sizes() {  // file 1: 10 bytes (1 block), file 2: 3 MiB + 1 (4 blocks)
+  return {0, 10, (3u << 20) + 1};
+}
+
+TEST_F(LocationIndexTest, ReportsLocateAndResidentBytesAgree) {
+  NodeRegistry nodes(store_.get(), std::chrono::seconds(10));
+  NodeView view = TwoNodes(&nodes);
+  LocationIndex index(store_.get());
+  const uint64_t g0 = index.generation();
+  // n1: a full report with file 2 wholly resident; n2: file 2's last block, incrementally.
+  ASSERT_TRUE(index.Apply("n1", true, {{{7, 1, 2}, std::string(1, '\x0f')}}, {}, {}).ok());
+  ASSERT_TRUE(index.Apply("n2", false, {}, {BlockAddr{7, 1, 2, 3}, BlockAddr{7, 1, 1, 0}}, {}).ok());
+  EXPECT_GT(index.generation(), g0);
+
+  rpc::LocateResponse resp;
+  index.Locate({BlockAddr{7, 1, 2, 3}, BlockAddr{7, 1, 2, 0}, BlockAddr{7, 2, 1, 0}}, "n2", view,
+               &resp);
+  ASSERT_EQ(resp.holders_size(), 3);
+  EXPECT_EQ(resp.holders(0).node_ids_size(), 2);
+  ASSERT_EQ(resp.holders(1).node_ids_size(), 1);
+  EXPECT_EQ(resp.holders(1).node_ids(0), "n1");
+  EXPECT_EQ(resp.holders(1).addresses(0), "n1:1");
+  EXPECT_EQ(resp.holders(1).racks(0), "r1");
+  EXPECT_TRUE(resp.holders(2).dataset_unheld());  // nobody holds anything of version 2
+
+  LocationIndex::Residency r = index.Resident(7, 1, Sizes(), 1 << 20, view);
+  EXPECT_EQ(r.total_bytes, 10u + (3u << 20) + 1);
+  EXPECT_EQ(r.total_blocks, 5u);
+  EXPECT_EQ(r.by_node["n1"].bytes, (3u << 20) + 1);
+  EXPECT_EQ(r.by_node["n1"].blocks, 4u);
+  EXPECT_EQ(r.by_node["n2"].bytes, 1u + 10u);  // the 1-byte last block and file 1
+  EXPECT_EQ(r.anywhere_bytes, r.total_bytes);
+  ASSERT_EQ(r.replicas_histogram.size(), 3u);
+  EXPECT_EQ(r.replicas_histogram[0], 0u);
+  EXPECT_EQ(r.replicas_histogram[1], 4u);
+  EXPECT_EQ(r.replicas_histogram[2], 1u);
+
+  // Removing a bit, then a full report that drops everything.
+  ASSERT_TRUE(index.Apply("n1", false, {}, {}, {BlockAddr{7, 1, 2, 0}}).ok());
+  EXPECT_EQ(index.Resident(7, 1, Sizes(), 1 << 20, view).by_node["n1"].blocks, 3u);
+  ASSERT_TRUE(index.Apply("n2", true, {}, {}, {}).ok());
+  EXPECT_EQ(index.Resident(7, 1, Sizes(), 1 << 20, view).by_node.count("n2"), 0u);
+
+  // The persisted bitmaps come back.
+  LocationIndex again(store_.get());
+  ASSERT_TRUE(again.Load().ok());
+  EXPECT_EQ(again.Resident(7, 1, Sizes(), 1 << 20, view).by_node["n1"].blocks, 3u);
+  again.Drop(7, 0);
+  EXPECT_TRUE(again.Resident(7, 1, Sizes(), 1 << 20, view).by_node.empty());
+}
+
+TEST_F(LocationIndexTest, ARefusedReportChangesNothing) {
+  NodeRegistry nodes(store_.get(), std::chrono::seconds(10));
+  NodeView view = TwoNodes(&nodes);
+  {
+    LocationIndex index(store_.get());
+    ASSERT_TRUE(index.Apply("n1", true, {{{7, 1, 2}, std::string(1, '\x01')}}, {}, {}).ok());
+  }
+  Open(/*full=*/true);
+  LocationIndex index(store_.get());
+  ASSERT_TRUE(index.Load().ok());
+  const uint64_t g = index.generation();
+  EXPECT_EQ(index.Apply("n1", true, {}, {BlockAddr{7, 1, 2, 1}}, {}).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(index.generation(), g);
+  rpc::LocateResponse resp;
+  index.Locate({BlockAddr{7, 1, 2, 0}, BlockAddr{7, 1, 2, 1}}, "n2", view, &resp);
+  EXPECT_EQ(resp.holders(0).node_ids_size(), 1);  // still there
+  EXPECT_EQ(resp.holders(1).node_ids_size(), 0);  // never added
+}
+
+}  // namespace
+}  // namespace ember::meta
