@@ -1,5 +1,6 @@
 #include "meta/manifest.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "tests/testing/testing.h"
 
@@ -132,5 +134,90 @@ TEST(NormalizeOriginTest, Validates) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// ---- fingerprint regression (pins the walk's entries and the fingerprint of known trees) ----
+
+// "path|id|parent|name|type|size|mode|uid|gid|mtime|target|etag" for each entry.
+std::vector<std::string> Describe(const Scanned& s) {
+  std::vector<std::string> out;
+  for (const auto& [p, e] : s.entries) {
+    out.push_back(absl::StrCat(p, "|", e.file_id(), "|", e.parent_id(), "|", e.name(), "|",
+                               static_cast<int>(e.type()), "|", e.size(), "|", e.mode(), "|",
+                               e.uid(), "|", e.gid(), "|", e.mtime_ns(), "|", e.link_target(), "|",
+                               e.etag()));
+  }
+  return out;
+}
+
+TEST(FingerprintTest, PosixTreeIsUnchanged) {
+  TempDir d;
+  MakeTree(d);
+  chmod(d.Sub("o/a").c_str(), 0751);
+  chmod(d.Sub("o/a/b/f1").c_str(), 0600);
+  for (const char* p : {"o", "o/a/b", "o/a-c"}) chmod(d.Sub(p).c_str(), 0755);
+  for (const char* p : {"o/a-c/f2", "o/empty"}) chmod(d.Sub(p).c_str(), 0644);
+  bool root = getuid() == 0;
+  int64_t t = 1'700'000'000'123'456'789;
+  for (const char* p :
+       {"o/a/b/f1", "o/a-c/f2", "o/empty", "o/link", "o/a/b", "o/a", "o/a-c", "o"}) {
+    struct timespec ts[2] = {{t / 1'000'000'000, t % 1'000'000'000},
+                             {t / 1'000'000'000, t % 1'000'000'000}};
+    ASSERT_EQ(utimensat(AT_FDCWD, d.Sub(p).c_str(), ts, AT_SYMLINK_NOFOLLOW), 0) << p;
+    if (root) {
+      ASSERT_EQ(lchown(d.Sub(p).c_str(), 1000, 2000), 0) << p;
+    }
+    t += 1'000'000'007;
+  }
+  Scanned s = Scan(d.Sub("o"));
+  std::string u = root ? "1000" : std::to_string(getuid());
+  std::string g = root ? "2000" : std::to_string(getgid());
+  auto owner = [&](const std::string& a, const std::string& b) {
+    return a + "|" + u + "|" + g + "|" + b;
+  };
+  std::vector<std::string> want{
+      owner("|1|0||2|0|16877", "1700000007123456838||"),
+      owner("a|2|1|a|2|0|16873", "1700000005123456824||"),
+      owner("a/b|3|2|b|2|0|16877", "1700000004123456817||"),
+      owner("a/b/f1|4|3|f1|1|5|33152", "1700000000123456789||"),
+      owner("a-c|5|1|a-c|2|0|16877", "1700000006123456831||"),
+      owner("a-c/f2|6|5|f2|1|1000|33188", "1700000001123456796||"),
+      owner("empty|7|1|empty|1|0|33188", "1700000002123456803||"),
+      owner("link|8|1|link|3|6|41471", "1700000003123456810|a/b/f1|"),
+  };
+  EXPECT_EQ(Describe(s), want);
+  EXPECT_EQ(s.stats.skipped, 1u);
+  if (root) {
+    EXPECT_EQ(s.stats.fingerprint, 8724387586600585098u);
+  }
+}
+
+TEST(FingerprintTest, ObjectListingIsUnchanged) {
+  std::vector<RemoteObject> objects{{"z", 3, 1'700'000'000'000'000'000, "\"e-z\""},
+                                    {"a/b/f1", 5, 1'700'000'001'000'000'000, "\"e-f1\""},
+                                    {"a-c/f2", 1000, 1'700'000'002'000'000'000, ""},
+                                    {"empty", 0, 0, "\"e-empty\""},
+                                    {"a/b2", 7, 1'700'000'003'000'000'000, "\"e-b2\""}};
+  Scanned s;
+  auto r = ScanObjects(objects, [&](const rpc::FileEntry& e, std::string_view path) {
+    s.entries.emplace_back(std::string(path), e);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> want{"|1|0||2|0|16749|0|0|0||",
+                                "a|2|1|a|2|0|16749|0|0|0||",
+                                "a/b|3|2|b|2|0|16749|0|0|0||",
+                                "a/b/f1|4|3|f1|1|5|33060|0|0|1700000001000000000||\"e-f1\"",
+                                "a/b2|5|2|b2|1|7|33060|0|0|1700000003000000000||\"e-b2\"",
+                                "a-c|6|1|a-c|2|0|16749|0|0|0||",
+                                "a-c/f2|7|6|f2|1|1000|33060|0|0|1700000002000000000||",
+                                "empty|8|1|empty|1|0|33060|0|0|0||\"e-empty\"",
+                                "z|9|1|z|1|3|33060|0|0|1700000000000000000||\"e-z\""};
+  EXPECT_EQ(Describe(s), want);
+  EXPECT_EQ(r->fingerprint, 11559868302914262717u);
+  EXPECT_EQ(r->skipped, 0u);
+  // A name that is both an object and a folder.
+  objects.push_back({"z/y", 1, 0, ""});
+  EXPECT_EQ(ScanObjects(objects, [](auto&, auto) { return absl::OkStatus(); }).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
 }  // namespace
 }  // namespace ember::meta
