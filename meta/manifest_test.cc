@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/status.h"
+#include "origin/origin.h"
 #include "tests/testing/testing.h"
 
 namespace ember::meta {
@@ -25,7 +27,7 @@ struct Scanned {
 
 Scanned Scan(const std::string& root) {
   Scanned s;
-  auto r = ScanTree(root, [&](const rpc::FileEntry& e, std::string_view path) {
+  auto r = ScanOrigin(root, [&](const rpc::FileEntry& e, std::string_view path) {
     s.entries.emplace_back(std::string(path), e);
     return absl::OkStatus();
   });
@@ -45,17 +47,9 @@ EntryStream StreamOf(const Scanned& s) {
   };
 }
 
-void MakeTree(const TempDir& d) {
-  std::filesystem::create_directories(d.Sub("o/a/b"));
-  std::filesystem::create_directories(d.Sub("o/a-c"));
-  WriteFile(d.Sub("o/a/b/f1"), "hello");
-  WriteFile(d.Sub("o/a-c/f2"), std::string(1000, 'x'));
-  WriteFile(d.Sub("o/empty"), "");
-  symlink("a/b/f1", d.Sub("o/link").c_str());
-  mkfifo(d.Sub("o/fifo").c_str(), 0644);
-}
+void MakeTree(const TempDir& d) { ember::testing::MakeSampleTree(d.Sub("o")); }
 
-TEST(ScanTreeTest, WalksSortedPreorderWithStableIds) {
+TEST(ScanOriginTest, NumbersTheWalkWithStableIds) {
   TempDir d;
   MakeTree(d);
   Scanned s = Scan(d.Sub("o"));
@@ -88,22 +82,22 @@ TEST(ScanTreeTest, WalksSortedPreorderWithStableIds) {
   EXPECT_EQ(Scan(d.Sub("o")).stats.fingerprint, s.stats.fingerprint);
 }
 
-TEST(ScanTreeTest, MissingAndUnreadable) {
+TEST(ScanOriginTest, MissingOriginAndSinkErrors) {
   TempDir d;
-  auto r = ScanTree(d.Sub("nope"), [](auto&, auto) { return absl::OkStatus(); });
+  auto r = ScanOrigin(d.Sub("nope"), [](auto&, auto) { return absl::OkStatus(); });
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("nope"), std::string::npos);
   // A sink error stops the scan and is returned.
   MakeTree(d);
   int calls = 0;
-  r = ScanTree(d.Sub("o"), [&](auto&, auto) {
+  r = ScanOrigin(d.Sub("o"), [&](auto&, auto) {
     return ++calls == 3 ? absl::ResourceExhaustedError("stop") : absl::OkStatus();
   });
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(calls, 3);
 }
 
-TEST(ScanTreeTest, DiffFindsAddsRemovesAndChanges) {
+TEST(DiffManifestsTest, FindsAddsRemovesAndChanges) {
   TempDir d;
   MakeTree(d);
   Scanned before = Scan(d.Sub("o"));
@@ -122,16 +116,76 @@ TEST(ScanTreeTest, DiffFindsAddsRemovesAndChanges) {
   EXPECT_LE(diff.modified, 4u);
 }
 
-TEST(NormalizeOriginTest, Validates) {
-  TempDir d;
-  MakeTree(d);
-  EXPECT_EQ(*NormalizeOrigin(d.Sub("o") + "/"), d.Sub("o"));
-  EXPECT_EQ(*NormalizeOrigin("file://" + d.Sub("o")), d.Sub("o"));
-  EXPECT_EQ(NormalizeOrigin("relative/path").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(NormalizeOrigin("s3x://bucket").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(NormalizeOrigin(d.Sub("missing")).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(NormalizeOrigin(d.Sub("o/empty")).status().code(),
+// An origin whose walk is given: the walk of a flat listing, or a status.
+class FakeOrigin final : public origin::Origin {
+ public:
+  absl::StatusOr<origin::WalkStats> Walk(const std::string& root, const origin::EntryFn& fn,
+                                         const origin::ListProgress& progress) override {
+    if (progress) progress(1000, 123);
+    if (!status.ok()) return status;
+    if (!in_order) {
+      for (const auto& e : objects) RETURN_IF_ERROR(fn(e));
+      return origin::WalkStats{};
+    }
+    return origin::WalkObjects(objects, fn);
+  }
+  absl::Status Read(const origin::OriginFile&, uint64_t, size_t, char*) override {
+    return absl::UnimplementedError("not read");
+  }
+  std::vector<origin::OriginEntry> objects;
+  absl::Status status;
+  bool in_order = true;  // false: hand `objects` over as they are
+};
+
+origin::OriginEntry Object(const std::string& path, uint64_t size, int64_t mtime_ns,
+                           const std::string& etag) {
+  origin::OriginEntry o;
+  o.path = path;
+  o.size = size;
+  o.mode = S_IFREG | 0444;
+  o.mtime_ns = mtime_ns;
+  o.etag = etag;
+  return o;
+}
+
+TEST(ScanOriginTest, ServerDownIsOriginUnreachableSinkErrorsPassUnchanged) {
+  FakeOrigin fake;
+  fake.status = absl::UnavailableError("connection refused");
+  auto ok_sink = [](auto&, auto) { return absl::OkStatus(); };
+  auto r = ScanOrigin(fake, "s3://bkt/x", ok_sink);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(), "origin unreachable: connection refused");
+  fake.status = absl::DeadlineExceededError("stalled");
+  EXPECT_EQ(ScanOrigin(fake, "s3://bkt/x", ok_sink).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  fake.status = absl::PermissionDeniedError("403");
+  EXPECT_EQ(ScanOrigin(fake, "s3://bkt/x", ok_sink).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  fake.status = absl::OkStatus();
+  fake.objects = {Object("f", 1, 0, "")};
+  r = ScanOrigin(fake, "s3://bkt/x", [](auto&, auto) { return absl::UnavailableError("store"); });
+  EXPECT_EQ(r.status(), absl::UnavailableError("store"));
+}
+
+TEST(ScanOriginTest, ListingProgressIsReportedAsEntriesAndBytes) {
+  FakeOrigin fake;
+  fake.objects = {Object("f", 1, 0, "")};
+  std::vector<std::pair<uint64_t, uint64_t>> seen;
+  auto r = ScanOrigin(
+      fake, "s3://bkt/x", [](auto&, auto) { return absl::OkStatus(); },
+      [&](const ScanStats& s) { seen.emplace_back(s.entries, s.bytes); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(seen, (std::vector<std::pair<uint64_t, uint64_t>>{{1000, 123}}));
+}
+
+TEST(ScanOriginTest, AWalkOutOfPreorderIsAnInternalError) {
+  FakeOrigin fake;
+  fake.in_order = false;
+  origin::OriginEntry root;
+  root.type = origin::OriginEntry::Type::kDir;
+  fake.objects = {root, Object("a/f", 1, 0, "")};  // a/ never walked
+  auto r = ScanOrigin(fake, "s3://bkt/x", [](auto&, auto) { return absl::OkStatus(); });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
 }
 
 // ---- fingerprint regression (pins the walk's entries and the fingerprint of known trees) ----
@@ -191,13 +245,14 @@ TEST(FingerprintTest, PosixTreeIsUnchanged) {
 }
 
 TEST(FingerprintTest, ObjectListingIsUnchanged) {
-  std::vector<RemoteObject> objects{{"z", 3, 1'700'000'000'000'000'000, "\"e-z\""},
-                                    {"a/b/f1", 5, 1'700'000'001'000'000'000, "\"e-f1\""},
-                                    {"a-c/f2", 1000, 1'700'000'002'000'000'000, ""},
-                                    {"empty", 0, 0, "\"e-empty\""},
-                                    {"a/b2", 7, 1'700'000'003'000'000'000, "\"e-b2\""}};
+  FakeOrigin fake;
+  fake.objects = {Object("z", 3, 1'700'000'000'000'000'000, "\"e-z\""),
+                  Object("a/b/f1", 5, 1'700'000'001'000'000'000, "\"e-f1\""),
+                  Object("a-c/f2", 1000, 1'700'000'002'000'000'000, ""),
+                  Object("empty", 0, 0, "\"e-empty\""),
+                  Object("a/b2", 7, 1'700'000'003'000'000'000, "\"e-b2\"")};
   Scanned s;
-  auto r = ScanObjects(objects, [&](const rpc::FileEntry& e, std::string_view path) {
+  auto r = ScanOrigin(fake, "s3://bkt/x", [&](const rpc::FileEntry& e, std::string_view path) {
     s.entries.emplace_back(std::string(path), e);
     return absl::OkStatus();
   });
@@ -215,9 +270,10 @@ TEST(FingerprintTest, ObjectListingIsUnchanged) {
   EXPECT_EQ(r->fingerprint, 11559868302914262717u);
   EXPECT_EQ(r->skipped, 0u);
   // A name that is both an object and a folder.
-  objects.push_back({"z/y", 1, 0, ""});
-  EXPECT_EQ(ScanObjects(objects, [](auto&, auto) { return absl::OkStatus(); }).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  fake.objects.push_back(Object("z/y", 1, 0, ""));
+  EXPECT_EQ(
+      ScanOrigin(fake, "s3://bkt/x", [](auto&, auto) { return absl::OkStatus(); }).status().code(),
+      absl::StatusCode::kFailedPrecondition);
 }
 }  // namespace
 }  // namespace ember::meta

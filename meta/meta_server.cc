@@ -16,7 +16,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "cachefs/origin.h"
 #include "common/ids.h"
 #include "common/metrics.h"
 #include "common/secret.h"
@@ -29,6 +28,7 @@
 #include "meta/status_json.h"
 #include "meta/status_page.h"
 #include "meta/store.h"
+#include "origin/origin.h"
 
 namespace ember::meta {
 namespace {
@@ -798,32 +798,6 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     return absl::NotFoundError(absl::StrCat("unknown dataset id ", req.id()));
   }
 
-  // Lists an S3 or HTTP origin (progress every 1000 objects) and builds the manifest walk.
-  absl::StatusOr<ScanStats> ScanRemote(const std::string& origin, const EntrySink& sink,
-                                       const ScanProgress& progress,
-                                       grpc::ServerWriter<rpc::DatasetProgress>* writer) {
-    ASSIGN_OR_RETURN(auto remote, cachefs::OpenRemoteOrigin(origin));
-    std::vector<RemoteObject> objects;
-    uint64_t bytes = 0;
-    absl::Status listed = remote->List([&](const cachefs::OriginObject& o) {
-      objects.push_back({o.path, o.size, o.mtime_ns, o.etag});
-      bytes += o.size;
-      if (objects.size() % 1000 == 0) {
-        rpc::DatasetProgress p;
-        p.set_entries_scanned(objects.size());
-        p.set_bytes_scanned(bytes);
-        writer->Write(p);
-      }
-      return absl::OkStatus();
-    });
-    // The origin's server being down or silent is not meta being down: say which.
-    if (absl::IsUnavailable(listed) || absl::IsDeadlineExceeded(listed)) {
-      return absl::FailedPreconditionError(absl::StrCat("origin unreachable: ", listed.message()));
-    }
-    RETURN_IF_ERROR(listed);
-    return ScanObjects(std::move(objects), sink, progress);
-  }
-
   // Scans `origin` into (dataset_id, version), streaming progress. Returns the version info.
   absl::StatusOr<rpc::VersionInfo> ScanVersion(const std::string& origin, uint32_t dataset_id,
                                                uint32_t version,
@@ -836,12 +810,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
       p.set_bytes_scanned(s.bytes);
       writer->Write(p);
     };
-    absl::StatusOr<ScanStats> stats;
-    if (cachefs::IsRemoteOrigin(origin)) {
-      stats = ScanRemote(origin, sink, progress, writer);
-    } else {
-      stats = ScanTree(origin, sink, progress);
-    }
+    absl::StatusOr<ScanStats> stats = ScanOrigin(origin, sink, progress);
     absl::Status fin = stats.ok() ? mw.Finish() : stats.status();
     if (!fin.ok()) {
       (void)store_->DeleteVersionData(dataset_id, version);
@@ -866,10 +835,10 @@ class MetaServiceImpl final : public rpc::Meta::Service {
     // Object stores: larger default blocks (fewer, larger ranged GETs; requests are what they
     // charge and what costs their servers CPU). See docs/benchmarks.md, "Remote origins".
     uint64_t block_size = req.block_size() != 0                   ? req.block_size()
-                          : cachefs::IsRemoteOrigin(req.origin()) ? 4 * kDefaultBlockSize
+                          : origin::IsRemoteOrigin(req.origin()) ? 4 * kDefaultBlockSize
                                                                   : kDefaultBlockSize;
     RETURN_IF_ERROR(ValidateBlockSize(block_size));
-    ASSIGN_OR_RETURN(std::string origin, NormalizeOrigin(req.origin()));
+    ASSIGN_OR_RETURN(std::string origin, origin::NormalizeOrigin(req.origin()));
     std::lock_guard lock(datasets_mu_);
     auto existing = store_->GetDataset(req.name());
     if (existing.ok()) {
@@ -905,7 +874,7 @@ class MetaServiceImpl final : public rpc::Meta::Service {
                          grpc::ServerWriter<rpc::DatasetProgress>* writer) {
     std::lock_guard lock(datasets_mu_);
     ASSIGN_OR_RETURN(rpc::Dataset ds, store_->GetDataset(name));
-    RETURN_IF_ERROR(NormalizeOrigin(ds.origin()).status());
+    RETURN_IF_ERROR(origin::NormalizeOrigin(ds.origin()).status());
     uint32_t latest = ds.latest_version();
     uint32_t next = latest + 1;
     ASSIGN_OR_RETURN(rpc::VersionInfo v, ScanVersion(ds.origin(), ds.id(), next, writer));
