@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->meta_ = std::make_unique<meta::MetaClient>(
       options.meta_address, meta::MetaCredentials{options.token, options.tls_ca_file},
       std::chrono::seconds(5));
-  a->origin_ = NewOriginRouter();  // POSIX paths, s3://, http(s)://
+  a->origin_ = origin::NewOriginRouter();  // POSIX paths, s3://, http(s)://
 
   // Peers: serve our blocks, fetch theirs.
   transport::TransportOptions to;

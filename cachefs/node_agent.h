@@ -21,12 +21,12 @@
 #include "cachefs/fuse_kernel.h"
 #include "cachefs/fuse_mount.h"
 #include "cachefs/namespace.h"
-#include "cachefs/origin.h"
 #include "cachefs/peer_fetcher.h"
 #include "cachefs/prefetch.h"
 #include "cachefs/read_path.h"
 #include "cachefs/takeover.h"
 #include "meta/meta_client.h"
+#include "origin/origin.h"
 #include "transport/block_transport.h"
 
 namespace httplib {
@@ -97,7 +97,7 @@ class NodeAgent {
   NodeOptions options_;
   std::unique_ptr<meta::MetaClient> meta_;
   std::unique_ptr<BlockCache> cache_;
-  std::unique_ptr<Origin> origin_;
+  std::unique_ptr<origin::Origin> origin_;
   std::unique_ptr<transport::BlockSource> block_source_;
   std::unique_ptr<transport::BlockServer> block_server_;
   std::unique_ptr<transport::BlockTransport> transport_;

@@ -24,7 +24,7 @@ absl::Status OriginChanged() {
 }
 }  // namespace
 
-ReadPath::ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta,
+ReadPath::ReadPath(BlockCache* cache, origin::Origin* origin, meta::MetaClient* meta,
                    const Options& options, PeerFetcher* peers)
     : cache_(cache), origin_(origin), meta_(meta), options_(options), peers_(peers) {
   for (int i = 0; i < options_.fill_threads; i++) workers_.emplace_back([this] { Worker(); });

@@ -34,9 +34,9 @@
 #include "absl/status/statusor.h"
 #include "cachefs/block_cache.h"
 #include "cachefs/filesystem.h"
-#include "cachefs/origin.h"
 #include "cachefs/peer_fetcher.h"
 #include "meta/meta_client.h"
+#include "origin/origin.h"
 
 namespace ember::cachefs {
 
@@ -46,7 +46,7 @@ struct FileRef {
   uint32_t version = 0;
   uint64_t file_id = 0;
   uint64_t block_size = 0;
-  OriginFile origin;  // root, path, size, mtime
+  origin::OriginFile origin;  // root, path, size, mtime
   std::string dataset_name;
 };
 
@@ -74,8 +74,8 @@ class ReadPath {
   };
   // meta may be null (unit tests): checksums are then only kept locally. peers may be null: misses
   // then go straight to the origin.
-  ReadPath(BlockCache* cache, Origin* origin, meta::MetaClient* meta, const Options& options,
-           PeerFetcher* peers = nullptr);
+  ReadPath(BlockCache* cache, origin::Origin* origin, meta::MetaClient* meta,
+           const Options& options, PeerFetcher* peers = nullptr);
   ~ReadPath();
 
   // Returns: the segments covering [offset, offset+size) clipped to the file size; NotFound /
@@ -162,7 +162,7 @@ class ReadPath {
   void Worker();
 
   BlockCache* cache_;
-  Origin* origin_;
+  origin::Origin* origin_;
   meta::MetaClient* meta_;
   Options options_;
   PeerFetcher* peers_;

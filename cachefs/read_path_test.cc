@@ -16,9 +16,13 @@ namespace {
 constexpr uint64_t kBlock = 64 << 10;
 
 // An origin in memory that counts reads and can be slowed down or broken.
-class FakeOrigin : public Origin {
+class FakeOrigin : public origin::Origin {
  public:
-  absl::Status Read(const OriginFile& f, uint64_t offset, size_t len, char* buf) override {
+  absl::StatusOr<origin::WalkStats> Walk(const std::string& root, const origin::EntryFn& fn,
+                                         const origin::ListProgress& progress) override {
+    return absl::UnimplementedError("the read path never walks");
+  }
+  absl::Status Read(const origin::OriginFile& f, uint64_t offset, size_t len, char* buf) override {
     reads++;
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     auto it = files.find(f.path);

@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "cachefs/origin.h"
+#include "origin/origin.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "meta/manifest.h"
@@ -55,32 +55,6 @@ class StoredStream {
   bool done_ = false;
   std::unordered_map<uint64_t, std::string> dirs_;
 };
-
-// Lists an S3 or HTTP origin (progress every 1000 objects) and builds the manifest walk.
-absl::StatusOr<ScanStats> ScanRemote(const std::string& origin, const EntrySink& sink,
-                                     const ScanProgress& progress,
-                                     const DatasetCatalog::ProgressFn& report) {
-  ASSIGN_OR_RETURN(auto remote, cachefs::OpenRemoteOrigin(origin));
-  std::vector<RemoteObject> objects;
-  uint64_t bytes = 0;
-  absl::Status listed = remote->List([&](const cachefs::OriginObject& o) {
-    objects.push_back({o.path, o.size, o.mtime_ns, o.etag});
-    bytes += o.size;
-    if (objects.size() % 1000 == 0) {
-      rpc::DatasetProgress p;
-      p.set_entries_scanned(objects.size());
-      p.set_bytes_scanned(bytes);
-      report(p);
-    }
-    return absl::OkStatus();
-  });
-  // The origin's server being down or silent is not meta being down: say which.
-  if (absl::IsUnavailable(listed) || absl::IsDeadlineExceeded(listed)) {
-    return absl::FailedPreconditionError(absl::StrCat("origin unreachable: ", listed.message()));
-  }
-  RETURN_IF_ERROR(listed);
-  return ScanObjects(std::move(objects), sink, progress);
-}
 
 bool HasVersion(const rpc::Dataset& ds, uint32_t version) {
   for (const auto& v : ds.versions()) {
@@ -162,7 +136,7 @@ absl::StatusOr<std::pair<rpc::Dataset, uint32_t>> DatasetCatalog::ResolveVersion
   return std::make_pair(std::move(ds), v);
 }
 
-absl::StatusOr<rpc::VersionInfo> DatasetCatalog::ScanVersion(const std::string& origin,
+absl::StatusOr<rpc::VersionInfo> DatasetCatalog::ScanVersion(const std::string& uri,
                                                              uint32_t dataset_id, uint32_t version,
                                                              const ProgressFn& report) {
   MetaStore::ManifestWriter mw(store_, dataset_id, version);
@@ -173,9 +147,7 @@ absl::StatusOr<rpc::VersionInfo> DatasetCatalog::ScanVersion(const std::string& 
     p.set_bytes_scanned(s.bytes);
     report(p);
   };
-  absl::StatusOr<ScanStats> stats = cachefs::IsRemoteOrigin(origin)
-                                        ? ScanRemote(origin, sink, progress, report)
-                                        : ScanTree(origin, sink, progress);
+  absl::StatusOr<ScanStats> stats = ScanOrigin(uri, sink, progress);
   absl::Status fin = stats.ok() ? mw.Finish() : stats.status();
   if (!fin.ok()) {
     // Best effort: what is left behind is an orphan the next open of the store drops.
@@ -205,10 +177,10 @@ absl::StatusOr<rpc::DatasetProgress> DatasetCatalog::Add(const rpc::AddDatasetRe
   // Object stores: larger default blocks (fewer, larger ranged GETs; requests are what they
   // charge and what costs their servers CPU). See docs/benchmarks.md, "Remote origins".
   const uint64_t block_size = req.block_size() != 0                   ? req.block_size()
-                              : cachefs::IsRemoteOrigin(req.origin()) ? 4 * kDefaultBlockSize
+                              : origin::IsRemoteOrigin(req.origin()) ? 4 * kDefaultBlockSize
                                                                       : kDefaultBlockSize;
   RETURN_IF_ERROR(ValidateBlockSize(block_size));
-  ASSIGN_OR_RETURN(std::string origin, NormalizeOrigin(req.origin()));
+  ASSIGN_OR_RETURN(std::string uri, origin::NormalizeOrigin(req.origin()));
   absl::MutexLock writer(&writer_mu_);
   if (auto existing = Get(req.name()); existing.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("dataset '", req.name(),
@@ -216,11 +188,11 @@ absl::StatusOr<rpc::DatasetProgress> DatasetCatalog::Add(const rpc::AddDatasetRe
                                                  ")"));
   }
   ASSIGN_OR_RETURN(uint32_t id, store_->AllocateDatasetId());
-  ASSIGN_OR_RETURN(rpc::VersionInfo v, ScanVersion(origin, id, 1, progress));
+  ASSIGN_OR_RETURN(rpc::VersionInfo v, ScanVersion(uri, id, 1, progress));
   rpc::Dataset ds;
   ds.set_name(req.name());
   ds.set_id(id);
-  ds.set_origin(origin);
+  ds.set_origin(uri);
   ds.set_block_size(block_size);
   ds.set_latest_version(1);
   ds.set_created_unix_ms(NowUnixMs());
@@ -230,7 +202,7 @@ absl::StatusOr<rpc::DatasetProgress> DatasetCatalog::Add(const rpc::AddDatasetRe
     absl::MutexLock lock(&mu_);
     PutLocked(ds);
   }
-  spdlog::info("meta: added dataset {} (id {}) from {}: {} files, {} bytes", ds.name(), id, origin,
+  spdlog::info("meta: added dataset {} (id {}) from {}: {} files, {} bytes", ds.name(), id, uri,
                v.files(), v.bytes());
   rpc::DatasetProgress done;
   done.set_done(true);
@@ -246,7 +218,7 @@ absl::StatusOr<rpc::DatasetProgress> DatasetCatalog::Refresh(const std::string& 
                                                              const ProgressFn& progress) {
   absl::MutexLock writer(&writer_mu_);
   ASSIGN_OR_RETURN(rpc::Dataset ds, Get(name));
-  RETURN_IF_ERROR(NormalizeOrigin(ds.origin()).status());
+  RETURN_IF_ERROR(origin::NormalizeOrigin(ds.origin()).status());
   const uint32_t latest = ds.latest_version();
   const uint32_t next = latest + 1;
   ASSIGN_OR_RETURN(rpc::VersionInfo v, ScanVersion(ds.origin(), ds.id(), next, progress));

@@ -93,8 +93,8 @@ class DatasetCatalog {
     uint64_t max_file_id = 0;
     uint64_t max_blocks = 0;  // ceil(version bytes / block size): no file can have more
   };
-  // Scans `origin` into (dataset_id, version). Returns the version's summary.
-  absl::StatusOr<rpc::VersionInfo> ScanVersion(const std::string& origin, uint32_t dataset_id,
+  // Scans the origin at `uri` into (dataset_id, version). Returns the version's summary.
+  absl::StatusOr<rpc::VersionInfo> ScanVersion(const std::string& uri, uint32_t dataset_id,
                                                uint32_t version, const ProgressFn& progress);
   // REQUIRES: mu_. Replaces the in-memory record (and its bounds) after the store took it.
   void PutLocked(const rpc::Dataset& ds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "meta/unit_testing.h"
+#include "meta/store_fixture_test.h"
 
 namespace ember::meta {
 namespace {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "meta/meta_client.h"
-#include "meta/unit_testing.h"
+#include "meta/store_fixture_test.h"
 
 namespace ember::meta {
 namespace {

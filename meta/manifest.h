@@ -1,20 +1,22 @@
-// Manifest scanning and diffing.
+// Manifest building and diffing.
 //
 // A manifest is every directory, regular file and symlink under a dataset's origin, with size,
-// mode, mtime (ns) and link target. ScanTree walks the origin in sorted pre-order and hands each
-// entry to a sink as it goes, so memory stays bounded by the widest directory, not the tree: a
-// 1M-file dataset is never held in memory. File ids follow the walk (root = 1), which makes them
-// stable for a version and usable as inode numbers. Thread-compatible: no shared state.
+// mode, owner, mtime (ns), link target and ETag. The origin walks its tree (origin::Origin::Walk:
+// sorted pre-order, root first); ScanOrigin numbers the entries in walk order (root = 1), links
+// each to its parent, counts and fingerprints them and hands each to a sink as it goes, so memory
+// stays bounded by the origin's walk, not the tree: a 1M-file dataset is never held in memory
+// here. File ids are stable for a version and usable as inode numbers. Thread-compatible: no
+// shared state.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "meta/meta.pb.h"
+#include "origin/origin.h"
 
 namespace ember::meta {
 
@@ -30,35 +32,22 @@ struct ScanStats {
 };
 
 // Receives each entry with its path relative to the root ("" for the root). A non-ok status
-// stops the scan and is returned by ScanTree.
+// stops the scan and is returned by ScanOrigin.
 using EntrySink = std::function<absl::Status(const rpc::FileEntry& entry, std::string_view path)>;
+// Called every few thousand entries, and while a remote origin is listed (every 1000 objects:
+// entries and bytes listed so far).
 using ScanProgress = std::function<void(const ScanStats&)>;
 
-// Returns: the totals, or NotFound / PermissionDenied / FailedPrecondition naming the path that
-// could not be read (a manifest is never partial). `progress` is called every few thousand
-// entries.
-absl::StatusOr<ScanStats> ScanTree(const std::string& root, const EntrySink& sink,
-                                   const ScanProgress& progress = {});
-
-// An object of a remote origin (S3 key or HTTP file) relative to the dataset root.
-struct RemoteObject {
-  std::string path;  // "a/b/c.jpg"
-  uint64_t size = 0;
-  int64_t mtime_ns = 0;
-  std::string etag;
-};
-
-// The walk ScanTree makes, from a flat listing: directories from the key prefixes, sorted
-// pre-order, file ids in walk order. Returns FailedPrecondition if a name is both an object and
-// a folder.
-absl::StatusOr<ScanStats> ScanObjects(std::vector<RemoteObject> objects, const EntrySink& sink,
-                                      const ScanProgress& progress = {});
-
-// Accepts "/abs/dir" or "file:///abs/dir" (checked here), or a remote origin "s3://bucket/prefix",
-// "http(s)://host/path" (returned without a trailing slash, checked by listing it); returns the
-// absolute directory path without a trailing slash. Returns: InvalidArgument (relative, other
-// scheme), NotFound, FailedPrecondition (not a directory).
-absl::StatusOr<std::string> NormalizeOrigin(std::string_view origin);
+// Scans the origin at `origin_uri` (a directory, s3:// or http(s)://; see origin::NormalizeOrigin)
+// into the sink. Returns: the totals, or NotFound / PermissionDenied / FailedPrecondition naming
+// what could not be read (a manifest is never partial); FailedPrecondition "origin unreachable"
+// when a remote origin's server is down or stalled; InvalidArgument for a malformed URI; or the
+// sink's first error, unchanged.
+absl::StatusOr<ScanStats> ScanOrigin(const std::string& origin_uri, const EntrySink& sink,
+                                     const ScanProgress& progress = {});
+// The same through an origin the caller holds (tests: a fake one).
+absl::StatusOr<ScanStats> ScanOrigin(origin::Origin& source, const std::string& origin_uri,
+                                     const EntrySink& sink, const ScanProgress& progress = {});
 
 // Incremental XXH3 fingerprint of a manifest in walk order.
 class Fingerprint {

@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "meta/unit_testing.h"
+#include "meta/store_fixture_test.h"
 
 namespace ember::meta {
 namespace {

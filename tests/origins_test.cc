@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "cachefs/http_client.h"
+#include "origin/http_client.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
 
@@ -79,7 +79,7 @@ class S3Test : public ::testing::Test {
     std::string list = dir_.Sub("put-list");
     std::string lines;
     for (const auto& r : rels)
-      lines += local + "/" + r + "\t" + cachefs::UrlEncode(prefix + r, true) + "\n";
+      lines += local + "/" + r + "\t" + origin::UrlEncode(prefix + r, true) + "\n";
     WriteFile(list, lines);
     std::string cmd = absl::StrCat(
         "while IFS=$'\\t' read -r f k; do printf '%s\\0%s\\0' \"$f\" \"$k\"; done < ", list,

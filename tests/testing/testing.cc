@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -169,6 +170,18 @@ std::string ReadFile(const std::string& path) {
 void WriteFile(const std::string& path, const std::string& data) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << data;
+}
+
+void MakeSampleTree(const std::string& root) {
+  std::filesystem::create_directories(root + "/a/b");
+  std::filesystem::create_directories(root + "/a-c");
+  WriteFile(root + "/a/b/f1", "hello");
+  WriteFile(root + "/a-c/f2", std::string(1000, 'x'));
+  WriteFile(root + "/empty", "");
+  if (symlink("a/b/f1", (root + "/link").c_str()) != 0 ||
+      mkfifo((root + "/fifo").c_str(), 0644) != 0) {
+    throw std::runtime_error("MakeSampleTree: " + root + ": " + strerror(errno));
+  }
 }
 
 bool EnableFuseUring() {

@@ -74,6 +74,9 @@ bool WaitFor(const std::function<bool()>& pred,
 void WriteRandomFile(const std::string& path, size_t size, uint64_t seed);
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& data);
+// A small origin tree at `root` for walk tests, walked as "", a, a/b, a/b/f1 ("hello"), a-c,
+// a-c/f2 (1000 bytes), empty, link (-> a/b/f1); plus a fifo, which walks skip.
+void MakeSampleTree(const std::string& root);
 
 // Reads a file through the kernel after dropping its page cache (so a FUSE daemon is asked);
 // "<open failed: ...>" / "<read failed: ...>" on errors.

@@ -1,4 +1,4 @@
-#include "cachefs/http_client.h"
+#include "origin/http_client.h"
 
 #include <curl/curl.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
-namespace ember::cachefs {
+namespace ember::origin {
 namespace {
 
 std::atomic<uint64_t> next_client_id{1};
@@ -164,4 +164,4 @@ absl::StatusOr<HttpResponse> HttpClient::Once(const HttpRequest& req) {
   return resp;
 }
 
-}  // namespace ember::cachefs
+}  // namespace ember::origin

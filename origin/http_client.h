@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace ember::cachefs {
+namespace ember::origin {
 
 struct AwsCredentials {
   std::string access_key, secret_key, session_token, region;
@@ -64,4 +64,4 @@ class HttpClient {
 // RFC 3986 percent-encoding; '/' kept when keep_slash.
 std::string UrlEncode(std::string_view s, bool keep_slash);
 
-}  // namespace ember::cachefs
+}  // namespace ember::origin

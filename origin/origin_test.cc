@@ -1,0 +1,283 @@
+// Unit tests of origin/: the POSIX walk and reads, the walk of a flat object listing, the
+// router and URI checks. Remote origins against real servers are in tests/origins_test.cc.
+#include "origin/origin.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "origin/internal.h"
+#include "tests/testing/testing.h"
+
+namespace ember::origin {
+namespace {
+
+using ember::testing::TempDir;
+using ember::testing::WriteFile;
+using Type = OriginEntry::Type;
+
+struct Walked {
+  std::vector<OriginEntry> entries;
+  WalkStats stats;
+  absl::Status status;
+  std::vector<std::string> Paths() const {
+    std::vector<std::string> out;
+    for (const auto& e : entries) out.push_back(e.path);
+    return out;
+  }
+};
+
+Walked WalkOf(Origin& origin, const std::string& root) {
+  Walked w;
+  auto r = origin.Walk(root,
+                       [&](const OriginEntry& e) {
+                         w.entries.push_back(e);
+                         return absl::OkStatus();
+                       },
+                       {});
+  w.status = r.status();
+  if (r.ok()) w.stats = *r;
+  return w;
+}
+
+Walked WalkOfObjects(std::vector<OriginEntry> objects) {
+  Walked w;
+  auto r = WalkObjects(std::move(objects), [&](const OriginEntry& e) {
+    w.entries.push_back(e);
+    return absl::OkStatus();
+  });
+  w.status = r.status();
+  if (r.ok()) w.stats = *r;
+  return w;
+}
+
+OriginEntry Object(const std::string& path, uint64_t size = 1) {
+  OriginEntry o;
+  o.path = path;
+  o.size = size;
+  o.mode = kObjectMode;
+  o.mtime_ns = 1'700'000'000'000'000'000;
+  o.etag = "\"" + path + "\"";
+  return o;
+}
+
+void MakeTree(const TempDir& d) { ember::testing::MakeSampleTree(d.Sub("o")); }
+
+TEST(PosixWalkTest, SortedPreorderRootFirstSymlinksKeptSpecialFilesSkipped) {
+  TempDir d;
+  MakeTree(d);
+  auto posix = NewPosixOrigin();
+  Walked w = WalkOf(*posix, d.Sub("o"));
+  ASSERT_TRUE(w.status.ok()) << w.status;
+  std::vector<std::string> want{"", "a", "a/b", "a/b/f1", "a-c", "a-c/f2", "empty", "link"};
+  EXPECT_EQ(w.Paths(), want);
+  EXPECT_EQ(w.stats.skipped, 1u);  // the fifo
+  EXPECT_EQ(w.entries[0].type, Type::kDir);
+  EXPECT_TRUE(S_ISDIR(w.entries[0].mode));
+  const OriginEntry& f1 = w.entries[3];
+  EXPECT_EQ(f1.type, Type::kFile);
+  EXPECT_EQ(f1.size, 5u);
+  EXPECT_TRUE(S_ISREG(f1.mode));
+  EXPECT_EQ(f1.uid, getuid());
+  EXPECT_EQ(f1.gid, getgid());
+  EXPECT_GT(f1.mtime_ns, 0);
+  EXPECT_EQ(f1.etag, "");
+  EXPECT_EQ(w.entries[1].size, 0u);  // directories have no size
+  const OriginEntry& link = w.entries[7];
+  EXPECT_EQ(link.type, Type::kSymlink);
+  EXPECT_EQ(link.link_target, "a/b/f1");
+  EXPECT_EQ(link.size, 6u);
+  EXPECT_TRUE(S_ISLNK(link.mode));
+}
+
+TEST(PosixWalkTest, MissingRootAndCallbackErrors) {
+  TempDir d;
+  auto posix = NewPosixOrigin();
+  Walked w = WalkOf(*posix, d.Sub("nope"));
+  EXPECT_EQ(w.status.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(w.status.message().find("nope"), std::string::npos);
+  // A callback error stops the walk and is returned.
+  MakeTree(d);
+  int calls = 0;
+  auto r =
+      posix->Walk(d.Sub("o"),
+                  [&](const OriginEntry&) {
+                    return ++calls == 3 ? absl::ResourceExhaustedError("stop") : absl::OkStatus();
+                  },
+                  {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(PosixWalkTest, TreeTooDeepIsRefused) {
+  TempDir d;
+  std::string path = d.Sub("o");
+  for (int i = 0; i < 514; i++) path += "/d";
+  std::filesystem::create_directories(path);
+  auto posix = NewPosixOrigin();
+  Walked w = WalkOf(*posix, d.Sub("o"));
+  EXPECT_EQ(w.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(w.status.message().find("too deep"), std::string::npos) << w.status;
+}
+
+TEST(WalkObjectsTest, FoldersFromPrefixesInWalkOrder) {
+  Walked w = WalkOfObjects({Object("z"), Object("a/b/f1", 5), Object("a-c/f2"), Object("a/b2")});
+  ASSERT_TRUE(w.status.ok()) << w.status;
+  std::vector<std::string> want{"", "a", "a/b", "a/b/f1", "a/b2", "a-c", "a-c/f2", "z"};
+  EXPECT_EQ(w.Paths(), want);
+  for (int i : {0, 1, 2, 5}) {
+    EXPECT_EQ(w.entries[i].type, Type::kDir) << w.entries[i].path;
+    EXPECT_EQ(w.entries[i].mode, static_cast<uint32_t>(S_IFDIR | 0555));
+    EXPECT_EQ(w.entries[i].mtime_ns, 0);
+  }
+  const OriginEntry& f1 = w.entries[3];
+  EXPECT_EQ(f1.type, Type::kFile);
+  EXPECT_EQ(f1.size, 5u);
+  EXPECT_EQ(f1.mode, static_cast<uint32_t>(S_IFREG | 0444));
+  EXPECT_EQ(f1.etag, "\"a/b/f1\"");
+  EXPECT_EQ(w.stats.skipped, 0u);
+}
+
+TEST(WalkObjectsTest, ANameBothObjectAndFolderIsRefused) {
+  for (auto objects : {std::vector<OriginEntry>{Object("z"), Object("z/y")},
+                       std::vector<OriginEntry>{Object("z/y"), Object("z")}}) {
+    Walked w = WalkOfObjects(objects);
+    EXPECT_EQ(w.status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(w.status.message().find("both an object and a folder"), std::string::npos);
+  }
+}
+
+// The contract meta relies on: a directory tree and the flat listing of its files walk in the
+// same order, with the same file entries (folders are synthesized: their attributes differ).
+TEST(WalkObjectsTest, SameOrderAsTheWalkOfTheSameTree) {
+  TempDir d;
+  std::vector<std::string> files = {"a/b/f1",  "a-c/f2", "a.b",         "a0",        "b c/d e",
+                                    "été/x",   "A/up",   "a/b0/deep/f", "a/b/g/h/i", "z",
+                                    "a/b-/f3", "a/b.x",  "~tilde",      "0/1/2"};
+  for (size_t i = 0; i < files.size(); i++) {
+    std::filesystem::create_directories(
+        std::filesystem::path(d.Sub("o/" + files[i])).parent_path());
+    WriteFile(d.Sub("o/" + files[i]), std::string(i, 'x'));
+  }
+  auto posix = NewPosixOrigin();
+  Walked tree = WalkOf(*posix, d.Sub("o"));
+  ASSERT_TRUE(tree.status.ok()) << tree.status;
+  std::vector<OriginEntry> listing;
+  for (const auto& e : tree.entries) {
+    if (e.type == Type::kFile) listing.push_back(e);
+  }
+  ASSERT_EQ(listing.size(), files.size());
+  std::reverse(listing.begin(), listing.end());  // a listing comes in any order
+  Walked flat = WalkOfObjects(listing);
+  ASSERT_TRUE(flat.status.ok()) << flat.status;
+  ASSERT_EQ(flat.Paths(), tree.Paths());
+  for (size_t i = 0; i < tree.entries.size(); i++) {
+    const OriginEntry& t = tree.entries[i];
+    const OriginEntry& f = flat.entries[i];
+    EXPECT_EQ(f.type, t.type) << t.path;
+    if (t.type != Type::kFile) continue;
+    EXPECT_EQ(f.size, t.size) << t.path;
+    EXPECT_EQ(f.mode, t.mode) << t.path;
+    EXPECT_EQ(f.uid, t.uid) << t.path;
+    EXPECT_EQ(f.gid, t.gid) << t.path;
+    EXPECT_EQ(f.mtime_ns, t.mtime_ns) << t.path;
+  }
+}
+
+// A remote origin stand-in: lists objects from memory.
+class ListedOrigin final : public RemoteOrigin {
+ public:
+  explicit ListedOrigin(std::vector<OriginEntry> objects) : objects_(std::move(objects)) {}
+  absl::Status Read(const OriginFile&, uint64_t, size_t, char*) override {
+    return absl::UnimplementedError("not read");
+  }
+
+ private:
+  absl::Status ListObjects(const EntryFn& fn) override {
+    for (const auto& o : objects_) RETURN_IF_ERROR(fn(o));
+    return absl::OkStatus();
+  }
+  std::vector<OriginEntry> objects_;
+};
+
+TEST(RemoteWalkTest, ListsThenWalksReportingEvery1000Objects) {
+  std::vector<OriginEntry> objects;
+  for (int i = 0; i < 2500; i++) objects.push_back(Object(absl::StrCat("d", i % 7, "/o", i), 2));
+  ListedOrigin remote(objects);
+  std::vector<std::pair<uint64_t, uint64_t>> progress;
+  Walked w;
+  auto r = remote.Walk(
+      "s3://bkt/x",
+      [&](const OriginEntry& e) {
+        w.entries.push_back(e);
+        return absl::OkStatus();
+      },
+      [&](uint64_t n, uint64_t bytes) { progress.emplace_back(n, bytes); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(progress, (std::vector<std::pair<uint64_t, uint64_t>>{{1000, 2000}, {2000, 4000}}));
+  EXPECT_EQ(w.Paths(), WalkOfObjects(objects).Paths());
+  EXPECT_EQ(w.entries.size(), 1u + 7u + 2500u);
+}
+
+TEST(PosixOriginTest, ReadsAndRefusesChangedMissingOrEscapingFiles) {
+  TempDir d;
+  MakeTree(d);
+  auto posix = NewPosixOrigin();
+  Walked w = WalkOf(*posix, d.Sub("o"));
+  ASSERT_TRUE(w.status.ok());
+  const OriginEntry& f2 = w.entries[5];
+  OriginFile file{d.Sub("o"), f2.path, f2.size, f2.mtime_ns, ""};
+  std::string buf(10, '\0');
+  ASSERT_TRUE(posix->Read(file, 990, 10, buf.data()).ok());
+  EXPECT_EQ(buf, std::string(10, 'x'));
+  OriginFile changed = file;
+  changed.size = 999;
+  EXPECT_EQ(posix->Read(changed, 0, 10, buf.data()).code(), absl::StatusCode::kFailedPrecondition);
+  OriginFile missing = file;
+  missing.path = "a-c/gone";
+  EXPECT_EQ(posix->Read(missing, 0, 10, buf.data()).code(), absl::StatusCode::kNotFound);
+  OriginFile escaping = file;
+  escaping.path = "../o/a-c/f2";
+  EXPECT_EQ(posix->Read(escaping, 0, 10, buf.data()).code(), absl::StatusCode::kInvalidArgument);
+  OriginFile via_link = file;
+  via_link.path = "link";
+  EXPECT_EQ(posix->Read(via_link, 0, 1, buf.data()).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(RouterTest, DirectoriesWalkAndReadThroughPosixRemoteUrisAreChecked) {
+  TempDir d;
+  MakeTree(d);
+  auto router = NewOriginRouter();
+  auto posix = NewPosixOrigin();
+  EXPECT_EQ(WalkOf(*router, d.Sub("o")).Paths(), WalkOf(*posix, d.Sub("o")).Paths());
+  EXPECT_EQ(WalkOf(*router, "s3:///prefix").status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(IsRemoteOrigin("s3://b/p"));
+  EXPECT_TRUE(IsRemoteOrigin("https://h/p"));
+  EXPECT_FALSE(IsRemoteOrigin("/data"));
+  EXPECT_EQ(OpenRemoteOrigin("/data").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NormalizeOriginTest, Validates) {
+  TempDir d;
+  MakeTree(d);
+  EXPECT_EQ(*NormalizeOrigin(d.Sub("o") + "/"), d.Sub("o"));
+  EXPECT_EQ(*NormalizeOrigin("file://" + d.Sub("o")), d.Sub("o"));
+  EXPECT_EQ(*NormalizeOrigin("s3://bucket/prefix/"), "s3://bucket/prefix");
+  EXPECT_EQ(*NormalizeOrigin("http://host/"), "http://host");
+  EXPECT_EQ(NormalizeOrigin("s3://").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NormalizeOrigin("relative/path").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NormalizeOrigin("s3x://bucket").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NormalizeOrigin(d.Sub("missing")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(NormalizeOrigin(d.Sub("o/empty")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace ember::origin
