@@ -410,7 +410,9 @@ void JobService::Pass(bool full) {
         spdlog::info("meta: job {} worker {} re-placed from {} to {}", id, index, from, *target);
       }
     }
-    queue_.Schedule([&](const std::string& id) {
+    // The queue calls back synchronously, inside this scope (mu_ held): the analysis cannot see
+    // through the std::function, so it is told.
+    queue_.Schedule([&](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       auto it = jobs_.find(id);
       if (it == jobs_.end()) return true;  // gone: drop from the queue
       return TryPlaceLocked(&it->second, fractions);

@@ -31,15 +31,34 @@ void TrimBitmap(std::string* bitmap) {
 
 absl::Status LocationIndex::Load() {
   size_t records = 0;
-  absl::MutexLock lock(&mu_);
+  std::map<FileKey, std::map<std::string, std::string>> locations;
+  std::map<std::string, std::set<FileKey>> node_files;
   RETURN_IF_ERROR(store_->ForEachLocation(
       [&](const FileKey& key, const std::string& node, const std::string& bitmap) {
-        locations_[key][node] = bitmap;
-        node_files_[node].insert(key);
+        locations[key][node] = bitmap;
+        node_files[node].insert(key);
         records++;
       }));
+  absl::MutexLock lock(&mu_);
+  locations_ = std::move(locations);
+  node_files_ = std::move(node_files);
+  generation_++;
   spdlog::info("meta: loaded {} file location records", records);
   return absl::OkStatus();
+}
+
+std::string& LocationIndex::NextBitmapLocked(const std::string& node, const FileKey& k,
+                                             bool full_start,
+                                             std::map<FileKey, std::string>* next) {
+  auto [it, fresh] = next->emplace(k, std::string());
+  if (fresh && !full_start) {  // starts from what the node reported before
+    auto loc = locations_.find(k);
+    if (loc != locations_.end()) {
+      auto b = loc->second.find(node);
+      if (b != loc->second.end()) it->second = b->second;
+    }
+  }
+  return it->second;
 }
 
 absl::Status LocationIndex::Apply(const std::string& node, bool full_start,
@@ -50,17 +69,6 @@ absl::Status LocationIndex::Apply(const std::string& node, bool full_start,
   // The node's bitmaps after this report, for every file it touches; computed first, stored,
   // then applied, so memory never runs ahead of the store.
   std::map<FileKey, std::string> next;
-  auto current = [&](const FileKey& k) -> std::string& {
-    auto [it, fresh] = next.emplace(k, std::string());
-    if (fresh && !full_start) {
-      auto loc = locations_.find(k);
-      if (loc != locations_.end()) {
-        auto b = loc->second.find(node);
-        if (b != loc->second.end()) it->second = b->second;
-      }
-    }
-    return it->second;
-  };
   if (full_start) {
     auto nf = node_files_.find(node);
     if (nf != node_files_.end()) {
@@ -68,13 +76,17 @@ absl::Status LocationIndex::Apply(const std::string& node, bool full_start,
     }
   }
   for (const FileBitmap& f : files) {
-    std::string& b = current(f.key);
+    std::string& b = NextBitmapLocked(node, f.key, full_start, &next);
     b = f.bitmap;
     TrimBitmap(&b);
   }
-  for (const BlockAddr& a : added) SetBit(&current({a.dataset_id, a.version, a.file_id}), a.index, true);
+  for (const BlockAddr& a : added) {
+    SetBit(&NextBitmapLocked(node, {a.dataset_id, a.version, a.file_id}, full_start, &next),
+           a.index, true);
+  }
   for (const BlockAddr& a : removed) {
-    SetBit(&current({a.dataset_id, a.version, a.file_id}), a.index, false);
+    SetBit(&NextBitmapLocked(node, {a.dataset_id, a.version, a.file_id}, full_start, &next),
+           a.index, false);
   }
   std::vector<MetaStore::LocationWrite> writes;
   writes.reserve(next.size());

@@ -78,6 +78,10 @@ class LocationIndex {
   uint64_t generation();
 
  private:
+  // REQUIRES: mu_. The node's bitmap of `k` in `next`, started from memory unless full_start.
+  std::string& NextBitmapLocked(const std::string& node, const FileKey& k, bool full_start,
+                                std::map<FileKey, std::string>* next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HeldByOthersLocked(uint32_t ds, uint32_t version, const std::string& self,
                           const NodeView& view) ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

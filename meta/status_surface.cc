@@ -153,7 +153,8 @@ std::string StatusSurface::StatusJson() {
                                                              j.spec().nodes().end())}});
   }
   nlohmann::json jobs = nlohmann::json::array();
-  for (const rpc::Job& j : jobs_->List().jobs()) {
+  const rpc::ListJobsResponse all_jobs = jobs_->List();
+  for (const rpc::Job& j : all_jobs.jobs()) {
     std::vector<std::string> workers;
     for (const auto& w : j.workers()) workers.push_back(absl::StrCat(w.index(), "@", w.node_id()));
     jobs.push_back({{"name", j.spec().name().empty() ? j.id() : j.spec().name()},
