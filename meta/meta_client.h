@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/ids.h"
 #include "meta/meta.pb.h"
 
 namespace ember::meta {
@@ -27,6 +28,16 @@ struct MetaCredentials {
   std::string token;        // the cluster token (from --token-file)
   std::string tls_ca_file;  // PEM CA bundle; set = connect with TLS and verify meta against it
 };
+
+// A block address in meta's messages. (Its inverse, FromProto, is still local to meta_server.cc.)
+inline rpc::BlockAddr ToProto(const BlockAddr& a) {
+  rpc::BlockAddr b;
+  b.set_dataset_id(a.dataset_id);
+  b.set_version(a.version);
+  b.set_file_id(a.file_id);
+  b.set_index(a.index);
+  return b;
+}
 
 // --meta flag value if set, else $EMBER_META, else kDefaultMetaAddress.
 std::string ResolveMetaAddress(const std::string& flag_value);
