@@ -23,9 +23,8 @@ ReadPath::ReadPath(BlockCache* cache, Origin* origin, ChecksumBook* checksums,
                                              [this](const FileRef& file, uint64_t index) {
                                                // The reader's visit counts, not this fill. A failed
                                                // fill was logged (FillSources); the reader's own
-                                               // read meets the error or fills the block again.
-                                               if (!GetBlock(file, index, /*count=*/false).ok())
-                                                 return;
+                                               // read meets the error, or fills the block, again.
+                                               GetBlock(file, index, /*count=*/false).IgnoreError();
                                              })) {}
 
 ReadPath::~ReadPath() {

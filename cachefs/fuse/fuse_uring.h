@@ -48,7 +48,8 @@ class FuseUring {
 
   // Registers threads_per_cpu entries on the queue of every CPU of `fuse_fd`'s connection (after
   // INIT was answered with kFuseOverIoUring). payload_size: at least the negotiated
-  // max_pages * 4 KiB. Fails (and the kernel goes on with /dev/fuse) if any registration fails.
+  // max_pages * 4 KiB. Returns: the rings; the first registration's error (then the kernel goes
+  // on with /dev/fuse).
   // `wake` interrupts a thread's wait (a signal without SA_RESTART), to stop it.
   static absl::StatusOr<std::unique_ptr<FuseUring>> Start(
       int fuse_fd, size_t payload_size, int threads_per_cpu, Handler handler,

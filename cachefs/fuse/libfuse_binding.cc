@@ -226,7 +226,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     }
   }
   fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
-  // *r (and the pins it holds) is released only now, after the kernel has the bytes.
+  // *r (and the block holds in it) is released only now, after the kernel has the bytes.
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {

@@ -60,7 +60,7 @@ size_t OpenFiles::Restore(const KernelFuseState& state) {
           in.hold = b->hold;
           held++;
         } else {
-          spdlog::error("takeover: cannot pin the blocks of open file (inode {}): {}", f.ino,
+          spdlog::error("takeover: cannot hold the blocks of open file (inode {}): {}", f.ino,
                         std::string(b.status().message()));
         }
       }
