@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "cachefs/index_record.h"
+#include "cachefs/cache/index_record.h"
 #include "meta/meta_client.h"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"

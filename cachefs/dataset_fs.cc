@@ -7,12 +7,11 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
-#include "cachefs/errno.h"
+#include "cachefs/fuse/errno.h"
 
 namespace ember::cachefs {
 
-DatasetFs::DatasetFs(Namespace* ns, ReadPath* read_path, int readahead_blocks)
-    : ns_(ns), read_path_(read_path), readahead_blocks_(readahead_blocks) {}
+DatasetFs::DatasetFs(Namespace* ns, ReadPath* read_path) : ns_(ns), read_path_(read_path) {}
 
 Attr DatasetFs::RootAttr() {
   Attr a;
@@ -147,7 +146,7 @@ absl::StatusOr<std::string> DatasetFs::ReadLink(uint64_t ino) {
   return r->second->link_target;
 }
 
-absl::StatusOr<uint64_t> DatasetFs::Open(uint64_t ino, int flags) {
+absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> DatasetFs::Open(uint64_t ino, int flags) {
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)) {
     return ErrnoStatus(EROFS, "read-only file system");
   }
@@ -159,58 +158,30 @@ absl::StatusOr<uint64_t> DatasetFs::Open(uint64_t ino, int flags) {
   uint32_t ds, v;
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);
-  auto h = std::make_shared<Handle>();
-  h->ref = MakeFileRef(*r->first, file_id);
-  uint64_t id = next_handle_++;
-  std::lock_guard lock(handles_mu_);
-  handles_[id] = std::move(h);
-  return id;
+  return std::make_unique<File>(read_path_->OpenStream(MakeFileRef(*r->first, file_id)));
 }
 
-absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, uint64_t handle, uint64_t offset,
+absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uint64_t offset,
                                            size_t size) {
-  std::shared_ptr<Handle> h;
-  {
-    std::lock_guard lock(handles_mu_);
-    auto it = handles_.find(handle);
-    if (it != handles_.end()) h = it->second;
-  }
-  if (!h) {
-    // A handle from before a restart: rebuild it from the inode.
+  std::unique_ptr<ReadStream> rebuilt;
+  ReadStream* stream = nullptr;
+  if (handle != nullptr) {
+    stream = static_cast<File*>(handle)->stream.get();
+  } else {
+    // A file opened before a restart: a stream of its own for this read, from the inode.
     auto r = Resolve(ino);
     if (!r.ok()) return r.status();
     uint32_t ds, v;
     uint64_t file_id;
     SplitIno(ino, &ds, &v, &file_id);
-    h = std::make_shared<Handle>();
-    h->ref = MakeFileRef(*r->first, file_id);
+    rebuilt = read_path_->OpenStream(MakeFileRef(*r->first, file_id));
+    stream = rebuilt.get();
   }
-  // Sequential reader: queue the next blocks once per block boundary crossed.
-  const uint64_t bs = h->ref.block_size;
-  uint64_t ra_first = 0;
-  {
-    std::lock_guard lock(h->mu);
-    bool sequential = offset == h->next_offset;
-    h->next_offset = offset + size;
-    uint64_t next_block = (offset + size + bs - 1) / bs;
-    if (sequential && readahead_blocks_ > 0 && next_block + readahead_blocks_ > h->readahead_next) {
-      ra_first = std::max(next_block, h->readahead_next);
-      h->readahead_next = next_block + readahead_blocks_;
-    }
-  }
-  if (ra_first > 0) {
-    read_path_->Readahead(h->ref, ra_first, static_cast<int>(h->readahead_next - ra_first));
-  }
-  auto r = read_path_->Read(h->ref, offset, size, &h->last_block);
+  auto r = read_path_->Read(*stream, offset, size);
   // Whatever kept the bytes from us (origin gone, changed, unreachable), the reader sees EIO;
   // the agent's log names the file and the reason.
   if (!r.ok()) return ErrnoStatus(EIO, std::string(r.status().message()));
   return r;
-}
-
-void DatasetFs::Release(uint64_t handle) {
-  std::lock_guard lock(handles_mu_);
-  handles_.erase(handle);
 }
 
 absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino) {
@@ -221,7 +192,7 @@ absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino) {
   uint32_t ds, v;
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);
-  return read_path_->PinFile(MakeFileRef(*r->first, file_id));
+  return read_path_->HoldFile(MakeFileRef(*r->first, file_id));
 }
 
 FsStats DatasetFs::StatFs() {

@@ -1,15 +1,14 @@
 // DatasetFs: the FileSystem of a node's mount. The root lists datasets; below it, entries come
-// from immutable manifests (Namespace) and bytes from the ReadPath. Thread-safe.
+// from immutable manifests (Namespace) and bytes from the ReadPath (fetch/read_path.h). An open
+// file's handle is its ReadStream (readahead window, block visits), kept by the FUSE binding.
+// Thread-safe; no state of its own besides what it was given.
 #pragma once
 
-#include <atomic>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
 
+#include "cachefs/fetch/read_path.h"
 #include "cachefs/filesystem.h"
 #include "cachefs/namespace.h"
-#include "cachefs/read_path.h"
 
 namespace ember::cachefs {
 
@@ -18,7 +17,8 @@ FileRef MakeFileRef(const DatasetView& view, uint64_t file_id);
 
 class DatasetFs final : public FileSystem {
  public:
-  DatasetFs(Namespace* ns, ReadPath* read_path, int readahead_blocks);
+  // Both must outlive this.
+  DatasetFs(Namespace* ns, ReadPath* read_path);
 
   absl::StatusOr<Entry> Lookup(uint64_t parent, const std::string& name) override;
   absl::StatusOr<Entry> GetAttr(uint64_t ino) override;
@@ -26,10 +26,9 @@ class DatasetFs final : public FileSystem {
       uint64_t ino, uint64_t offset,
       const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn) override;
   absl::StatusOr<std::string> ReadLink(uint64_t ino) override;
-  absl::StatusOr<uint64_t> Open(uint64_t ino, int flags) override;
-  absl::StatusOr<ReadResult> Read(uint64_t ino, uint64_t handle, uint64_t offset,
+  absl::StatusOr<std::unique_ptr<FileHandle>> Open(uint64_t ino, int flags) override;
+  absl::StatusOr<ReadResult> Read(uint64_t ino, FileHandle* handle, uint64_t offset,
                                   size_t size) override;
-  void Release(uint64_t handle) override;
   absl::StatusOr<Backing> OpenBacking(uint64_t ino) override;
   FsStats StatFs() override;
 
@@ -39,12 +38,10 @@ class DatasetFs final : public FileSystem {
   static constexpr double kRootTimeout = 1;
 
  private:
-  struct Handle {
-    FileRef ref;
-    std::mutex mu;
-    uint64_t next_offset = 0;                      // where a sequential reader reads next
-    uint64_t readahead_next = 0;                   // first block not yet queued for readahead
-    std::atomic<uint64_t> last_block{UINT64_MAX};  // ReadPath::Read: counted per block visit
+  // An open file: its reading state.
+  struct File final : FileHandle {
+    explicit File(std::unique_ptr<ReadStream> s) : stream(std::move(s)) {}
+    std::unique_ptr<ReadStream> stream;
   };
 
   // Resolves a non-root inode. Returns: NotFound.
@@ -53,12 +50,8 @@ class DatasetFs final : public FileSystem {
   static Attr AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& node);
   static Attr RootAttr();
 
-  Namespace* ns_;
-  ReadPath* read_path_;
-  int readahead_blocks_;
-  std::mutex handles_mu_;
-  std::unordered_map<uint64_t, std::shared_ptr<Handle>> handles_;  // GUARDED_BY(handles_mu_)
-  std::atomic<uint64_t> next_handle_{1};
+  Namespace* const ns_;
+  ReadPath* const read_path_;
 };
 
 }  // namespace ember::cachefs

@@ -1,6 +1,8 @@
-// FileSystem: what a lookup, stat, readdir or read of the mount returns, apart from any FUSE
-// binding. The libfuse binding (fuse_mount.h) calls it today; a binding that speaks the kernel
-// protocol directly can call the same object. Implementations are thread-safe.
+// FileSystem: what a lookup, stat, readdir, open or read of the mount returns, apart from any
+// FUSE binding. Both bindings in fuse/ call it (the kernel-protocol binding, the default, and
+// the libfuse one); DatasetFs implements it over the namespace and the read path. It lives at
+// cachefs/ top because both sides use it: fuse/ calls it, fetch/ fills its ReadResult.
+// Implementations are thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -12,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cachefs/block_buffer.h"
+#include "cachefs/cache/block_buffer.h"
 
 namespace ember::cachefs {
 
@@ -34,8 +36,9 @@ struct Entry {
   double timeout_s = 0;  // how long the kernel may cache the entry and its attributes
 };
 
-// One piece of a read reply: either a byte range of a file descriptor (the kernel splices it,
-// no copy through user space) or bytes in memory.
+// One piece of a read reply: either a byte range of a file descriptor (a cache file: the libfuse
+// binding has the kernel splice it, the kernel binding preads it into its reply buffer) or bytes
+// in memory.
 struct Segment {
   int fd = -1;
   uint64_t pos = 0;
@@ -44,7 +47,7 @@ struct Segment {
   size_t mem_off = 0;
 };
 
-// The bytes of a read. Holds whatever keeps them valid (block pins, open fds) until destroyed:
+// The bytes of a read. Holds whatever keeps them valid (block holds, open fds) until destroyed:
 // destroy it only after the reply has been sent.
 struct ReadResult {
   std::vector<Segment> segments;
@@ -63,24 +66,39 @@ class FileSystem {
 
   // Returns: the entry, NotFound, or an errno status (ENOTDIR).
   virtual absl::StatusOr<Entry> Lookup(uint64_t parent, const std::string& name) = 0;
+  // Returns: the entry, NotFound.
   virtual absl::StatusOr<Entry> GetAttr(uint64_t ino) = 0;
   // Calls fn(name, attr, next_offset) for entries from `offset` on, until fn returns false.
   // Offsets are opaque cookies: 0 starts, next_offset resumes after that entry.
+  // Returns: Ok, NotFound, ENOTDIR.
   virtual absl::Status ReadDir(
       uint64_t ino, uint64_t offset,
       const std::function<bool(const std::string& name, const Attr& attr, uint64_t next)>& fn) = 0;
+  // Returns: the link's target; EINVAL (not a symlink), NotFound.
   virtual absl::StatusOr<std::string> ReadLink(uint64_t ino) = 0;
-  // Returns a handle for Read/Release. Returns: EROFS for write access, EISDIR, NotFound.
-  virtual absl::StatusOr<uint64_t> Open(uint64_t ino, int flags) = 0;
-  // Reads [offset, offset+size) clipped to the file size. Returns: EIO when the bytes cannot be
-  // had correctly (origin gone or changed); never wrong bytes.
-  virtual absl::StatusOr<ReadResult> Read(uint64_t ino, uint64_t handle, uint64_t offset,
+
+  // What the file system keeps per open file (e.g. its readahead state). The binding owns it
+  // from Open until the kernel releases the file, in its table of open files, and destroys it
+  // then: there is no other table of open files.
+  class FileHandle {
+   public:
+    virtual ~FileHandle() = default;
+  };
+  // Opens a file for reading. Returns: its handle; EROFS for write access, EISDIR, EINVAL (not
+  // a regular file), NotFound.
+  virtual absl::StatusOr<std::unique_ptr<FileHandle>> Open(uint64_t ino, int flags) = 0;
+  // Reads [offset, offset+size) clipped to the file size. `handle`: from Open of this inode, or
+  // null for a file the binding has no handle of (opened before a restart): then the read has
+  // no per-file state. May be called concurrently on one handle.
+  // Returns: the bytes; EIO when they cannot be had correctly (origin gone or changed); never
+  // wrong bytes.
+  virtual absl::StatusOr<ReadResult> Read(uint64_t ino, FileHandle* handle, uint64_t offset,
                                           size_t size) = 0;
-  virtual void Release(uint64_t handle) = 0;
 
   // A file whose every block is resident (and verified): the cache file holding it, which the
   // kernel may read directly (passthrough), and what keeps its blocks from being evicted or
-  // punched while held. Returns: NotFound when some block is not resident (read through Read).
+  // punched while it lives. Returns: NotFound when some block is not resident (read through
+  // Read).
   struct Backing {
     int fd = -1;  // valid while `hold` lives
     std::shared_ptr<const void> hold;

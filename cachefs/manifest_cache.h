@@ -34,10 +34,13 @@ class ManifestCache {
   // dir is created if missing; an empty dir disables the cache (every call a no-op/NotFound).
   explicit ManifestCache(std::string dir);
 
+  // Returns: Ok (also when disabled); Unavailable naming the file that could not be written.
   absl::Status SaveManifest(const DatasetView& view);
   // Returns: the view; NotFound (no copy); DataLoss (a damaged copy, which is then removed).
   absl::StatusOr<std::shared_ptr<DatasetView>> LoadManifest(uint32_t dataset_id, uint32_t version);
+  // Returns: as SaveManifest.
   absl::Status SaveDatasets(const std::vector<rpc::Dataset>& datasets);
+  // Returns: the list; NotFound (no copy); DataLoss (a damaged copy).
   absl::StatusOr<std::vector<rpc::Dataset>> LoadDatasets();
 
  private:

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "cachefs/index_record.h"
+#include "cachefs/cache/index_record.h"
 #include "tests/testing/testing.h"
 
 namespace ember::cachefs {

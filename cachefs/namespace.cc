@@ -76,7 +76,7 @@ Namespace::Namespace(meta::MetaClient* meta, ManifestCache* disk) : meta_(meta),
 }
 
 std::vector<rpc::Dataset> Namespace::Datasets(bool force_refresh) {
-  std::lock_guard lock(list_mu_);
+  absl::MutexLock lock(&list_mu_);
   auto now = std::chrono::steady_clock::now();
   if (force_refresh || now - listed_at_ >= kListTtl) {
     auto list = meta_->ListDatasets();
@@ -134,7 +134,7 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::ViewByIno(uint64_t
   uint64_t file_id;
   SplitIno(ino, &ds_id, &view, &file_id);
   {
-    std::shared_lock lock(views_mu_);
+    absl::ReaderMutexLock lock(&views_mu_);
     auto it = views_.find({ds_id, view});
     if (it != views_.end()) return it->second;
   }
@@ -146,9 +146,9 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::ViewByIno(uint64_t
 
 absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Dataset& ds,
                                                                    uint32_t view) {
-  std::lock_guard load_lock(load_mu_);
+  absl::MutexLock load_lock(&load_mu_);
   {
-    std::shared_lock lock(views_mu_);
+    absl::ReaderMutexLock lock(&views_mu_);
     auto it = views_.find({ds.id(), view});
     if (it != views_.end()) return it->second;
   }
@@ -173,7 +173,7 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
     spdlog::info("node: loaded {} version {} ({} entries)", ds.name(), v->version, v->nodes.size());
   }
   v->view = view;
-  std::unique_lock lock(views_mu_);
+  absl::MutexLock lock(&views_mu_);
   views_[{ds.id(), view}] = v;
   return std::shared_ptr<const DatasetView>(v);
 }

@@ -12,12 +12,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "meta/meta_client.h"
 
 namespace ember::cachefs {
@@ -77,19 +77,23 @@ class Namespace {
   absl::StatusOr<std::shared_ptr<const DatasetView>> ViewByIno(uint64_t ino);
 
  private:
-  absl::StatusOr<std::shared_ptr<const DatasetView>> Load(const rpc::Dataset& ds, uint32_t view);
+  absl::StatusOr<std::shared_ptr<const DatasetView>> Load(const rpc::Dataset& ds, uint32_t view)
+      ABSL_LOCKS_EXCLUDED(load_mu_, views_mu_);
   absl::StatusOr<std::shared_ptr<DatasetView>> LoadFromMeta(const rpc::Dataset& ds,
                                                             uint32_t version);
   absl::StatusOr<rpc::Dataset> DatasetById(uint32_t id);
 
   meta::MetaClient* meta_;
   ManifestCache* disk_;
-  std::mutex list_mu_;
-  std::vector<rpc::Dataset> datasets_;
-  std::chrono::steady_clock::time_point listed_at_{};
-  std::mutex load_mu_;  // one manifest load at a time
-  std::shared_mutex views_mu_;
-  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const DatasetView>> views_;
+  // Lock order: load_mu_ -> views_mu_. Meta is asked under list_mu_ (one listing at a time) and
+  // under load_mu_ (one manifest load at a time), never under views_mu_.
+  absl::Mutex list_mu_;
+  std::vector<rpc::Dataset> datasets_ ABSL_GUARDED_BY(list_mu_);
+  std::chrono::steady_clock::time_point listed_at_ ABSL_GUARDED_BY(list_mu_){};
+  absl::Mutex load_mu_;
+  absl::Mutex views_mu_;  // readers share it
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const DatasetView>> views_
+      ABSL_GUARDED_BY(views_mu_);
 };
 
 }  // namespace ember::cachefs

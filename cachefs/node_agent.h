@@ -1,41 +1,51 @@
-// NodeAgent: one node of an Ember cluster. Opens the block cache, serves its blocks to peers
-// (transport/), registers with meta (full block report, then heartbeats and incremental reports),
-// and serves datasets through a FUSE mount, filling misses from peers before the origin. This is
-// the front door of cachefs/: tools/ builds one from flags.
+// cachefs/: the node agent, one node of an Ember cluster. This header is the folder's front
+// door: tools/ builds a NodeAgent from flags.
+//
+// The agent opens the block cache (cache/), serves its blocks to peers (transport/), fills
+// misses from peers before the origin (fetch/), and serves datasets through a FUSE mount
+// (fuse/, over DatasetFs and the Namespace). Besides startup wiring (this file) it reports to
+// meta (agent_reports.h), exports its figures (agent_metrics.h) and hands its mount over to a
+// successor (agent_handover.h). Subfolders must not include this level (dataset_fs.h,
+// namespace.h, prefetch.h, node_agent.h); fuse/ sees files only through filesystem.h.
 //
 // Meta may come and go: the agent retries registration in the background and keeps serving what
 // it can (resident blocks and origin reads of loaded manifests) meanwhile.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
-#include "cachefs/block_cache.h"
-#include "cachefs/dataset_fs.h"
-#include "cachefs/fuse_kernel.h"
-#include "cachefs/fuse_mount.h"
-#include "cachefs/namespace.h"
-#include "cachefs/peer_fetcher.h"
-#include "cachefs/prefetch.h"
-#include "cachefs/read_path.h"
-#include "cachefs/takeover.h"
-#include "meta/meta_client.h"
-#include "origin/origin.h"
+#include "cachefs/fuse/binding.h"
+#include "meta/meta.pb.h"
 #include "transport/block_transport.h"
 
-namespace httplib {
-class Server;
+namespace ember::meta {
+class MetaClient;
+}
+
+namespace ember::origin {
+class Origin;
 }
 
 namespace ember::cachefs {
 
+class AgentMetrics;
+class BlockCache;
+class BlockDirectory;
+class ChecksumBook;
+class DatasetFs;
+class Handover;
+class KernelFuse;
 class ManifestCache;
+class MetaReporter;
+class Namespace;
+class PeerFetcher;
+class PrefetchRunner;
+class ReadPath;
 
 struct NodeOptions {
   std::string meta_address;
@@ -56,12 +66,12 @@ struct NodeOptions {
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
   std::string metrics_listen;  // HOST:PORT for HTTP /metrics (Prometheus) and /healthz; "" = off
-  std::string fuse_binding = "kernel";  // "kernel" (fuse_kernel.h) or "libfuse" (fuse_mount.h)
-  // Take the mount over from the agent running on this cache dir (takeover.h), if there is one.
+  std::string fuse_binding = "kernel";  // "kernel" (fuse/kernel_binding.h) or "libfuse"
+  // Take the mount over from the agent running on this cache dir (fuse/takeover.h), if any.
   bool takeover = false;
   // Set by `ember node --supervise` in the agent it runs: the supervisor's end of a
-  // SOCK_SEQPACKET pair (takeover.h). The agent reattaches a mount queued there, and reports its
-  // mount and passthrough opens to it.
+  // SOCK_SEQPACKET pair (fuse/supervisor.h). The agent reattaches a mount queued there, and
+  // reports its mount and opens to it.
   int supervisor_fd = -1;
 };
 
@@ -77,30 +87,25 @@ class NodeAgent {
   // Unmounts and stops background threads; safe from a signal-handling thread. After a handover
   // to a successor the mount stays (the successor serves it).
   void Stop();
-  // True once a successor asked for the mount (Run() has returned for that reason).
+  // Returns: true once a successor asked for the mount (Run() has returned for that reason).
   bool HandedOver();
 
   rpc::NodeStats Stats();
 
  private:
-  NodeAgent() = default;
-  void Background();
-  // On the takeover listener's thread: stop serving FUSE; the rest shuts down in ~NodeAgent.
-  void HandOver(int conn);
-  absl::Status Register();
-  absl::Status FullReport();
-  absl::Status SendChanges();
-  // Metrics read at scrape time, and the HTTP server for /metrics.
-  absl::Status StartMetrics();
-  rpc::NodeStats RecentStats();  // Stats(), at most 500 ms old
+  NodeAgent();
 
   NodeOptions options_;
+  std::atomic<bool> stopping_{false};
+  // In the order they are built; torn down in reverse (see ~NodeAgent).
   std::unique_ptr<meta::MetaClient> meta_;
+  std::unique_ptr<BlockDirectory> directory_;
   std::unique_ptr<BlockCache> cache_;
   std::unique_ptr<origin::Origin> origin_;
   std::unique_ptr<transport::BlockSource> block_source_;
   std::unique_ptr<transport::BlockServer> block_server_;
   std::unique_ptr<transport::BlockTransport> transport_;
+  std::unique_ptr<ChecksumBook> checksums_;
   std::unique_ptr<PeerFetcher> peers_;
   std::unique_ptr<ReadPath> read_path_;
   std::unique_ptr<ManifestCache> manifests_;
@@ -109,21 +114,9 @@ class NodeAgent {
   std::unique_ptr<PrefetchRunner> prefetch_;
   std::unique_ptr<MountBinding> mount_;
   KernelFuse* kernel_ = nullptr;  // mount_, when it is the kernel binding
-  std::unique_ptr<TakeoverListener> takeover_;
-  int handover_conn_ = -1;  // a successor waiting for the mount (sent once all is closed)
-  KernelFuseState handover_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread http_thread_;
-  std::mutex stats_mu_;
-  rpc::NodeStats recent_stats_;
-  std::chrono::steady_clock::time_point recent_at_{};
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  std::thread background_;
-  bool registered_ = false;
-  std::chrono::milliseconds heartbeat_interval_{1000};
+  std::unique_ptr<Handover> handover_;
+  std::unique_ptr<AgentMetrics> metrics_;
+  std::unique_ptr<MetaReporter> reporter_;
 };
 
 }  // namespace ember::cachefs

@@ -32,7 +32,7 @@ bool Under(const std::string& path, const std::string& sel) {
 
 void RateLimiter::Acquire(uint64_t bytes) {
   if (rate_ == 0) return;
-  std::unique_lock lock(mu_);
+  mu_.Lock();
   while (true) {
     auto now = std::chrono::steady_clock::now();
     available_ = std::min<double>(static_cast<double>(rate_),  // at most one second of burst
@@ -42,12 +42,13 @@ void RateLimiter::Acquire(uint64_t bytes) {
     if (available_ >= static_cast<double>(bytes) ||
         (available_ >= static_cast<double>(rate_) - 1)) {
       available_ -= static_cast<double>(bytes);  // a block larger than a second's worth: debt
+      mu_.Unlock();
       return;
     }
     double wait = (static_cast<double>(bytes) - available_) / static_cast<double>(rate_);
-    lock.unlock();
+    mu_.Unlock();
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(wait, 0.5)));
-    lock.lock();
+    mu_.Lock();
   }
 }
 
@@ -56,7 +57,7 @@ PrefetchRunner::PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPa
     : node_id_(node_id), ns_(ns), read_path_(read_path), cache_(cache), meta_(meta) {}
 
 PrefetchRunner::~PrefetchRunner() {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [id, r] : jobs_) r->cancel = true;
   for (auto& [id, r] : jobs_) {
     if (r->thread.joinable()) r->thread.join();
@@ -64,7 +65,7 @@ PrefetchRunner::~PrefetchRunner() {
 }
 
 void PrefetchRunner::Update(const std::vector<rpc::PrefetchJob>& jobs) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& job : jobs) {
     auto it = jobs_.find(job.id());
     if (it == jobs_.end()) {
@@ -154,6 +155,7 @@ void PrefetchRunner::Run(Running* r) {
   if (!view.ok()) {
     progress.set_finished(true);
     progress.set_note(absl::StrCat("cannot plan: ", view.status().message()));
+    // Best effort: meta marks a node that never reports as failed for the job anyway.
     (void)meta_->ReportPrefetch(job.id(), progress);
     r->finished = true;
     return;
@@ -183,7 +185,9 @@ void PrefetchRunner::Run(Running* r) {
     Block block;
     std::chrono::steady_clock::time_point not_before, waiting_since;
   };
-  std::mutex mu;  // guards queue and progress
+  // Guards queue, progress and left_in_file while the workers run. Lock order: mu -> the
+  // cache's (SetPin of a block just made resident).
+  absl::Mutex mu;
   std::deque<Item> queue;
   auto start = std::chrono::steady_clock::now();
   for (const auto& b : mine) queue.push_back({b, start, start});
@@ -193,7 +197,7 @@ void PrefetchRunner::Run(Running* r) {
     while (!r->cancel) {
       Item item;
       {
-        std::lock_guard lock(mu);
+        absl::MutexLock lock(&mu);
         if (queue.empty()) return;
         item = queue.front();
         queue.pop_front();
@@ -212,9 +216,9 @@ void PrefetchRunner::Run(Running* r) {
       bool owner = b.ordinal % n == static_cast<uint64_t>(k);
       bool allow_origin =
           owner || std::chrono::steady_clock::now() - item.waiting_since > kOwnerGrace;
-      auto src = read_path_->Prefetch(ref, b.index, allow_origin, before_origin);
+      auto src = read_path_->MakeResident(ref, b.index, allow_origin, before_origin);
       uint64_t len = std::min(ref.block_size, ref.origin.size - b.index * ref.block_size);
-      std::lock_guard lock(mu);
+      absl::MutexLock lock(&mu);
       if (!src.ok() && absl::IsNotFound(src.status()) && !allow_origin) {
         item.not_before = std::chrono::steady_clock::now() + kRetryDelay;
         queue.push_back(item);  // the owner has not delivered it yet
@@ -250,9 +254,10 @@ void PrefetchRunner::Run(Running* r) {
       std::this_thread::sleep_for(kReportEvery);
       rpc::PrefetchNodeProgress snapshot;
       {
-        std::lock_guard lock(mu);
+        absl::MutexLock lock(&mu);
         snapshot = progress;
       }
+      // Best effort: the next report, and the final one (retried), carry the same progress.
       if (!done) (void)meta_->ReportPrefetch(job.id(), snapshot);
     }
   });
@@ -260,7 +265,7 @@ void PrefetchRunner::Run(Running* r) {
   done = true;
   reporter.join();
   {
-    std::lock_guard lock(mu);
+    absl::MutexLock lock(&mu);
     progress.set_finished(true);
     if (r->cancel) progress.set_note("cancelled");
   }

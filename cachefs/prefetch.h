@@ -8,20 +8,22 @@
 // (peer-only fills, retried until it appears), so the cluster reads each block from the origin
 // once. Should the owner never deliver (it died), a waiting node reads the origin itself after a
 // grace period, so the prefetch still finishes. The cluster's --origin-rate is split evenly over
-// the nodes. Blocks are pinned until the job's pin expires or is released. Thread-safe.
+// the nodes. Blocks are pinned (BlockCache::SetPin) until the job's pin expires or is released.
+// Blocks are made resident through ReadPath::MakeResident. Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "cachefs/block_cache.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "cachefs/cache/block_cache.h"
+#include "cachefs/fetch/read_path.h"
 #include "cachefs/namespace.h"
-#include "cachefs/read_path.h"
 #include "meta/meta_client.h"
 
 namespace ember::cachefs {
@@ -34,10 +36,11 @@ class RateLimiter {
   void Acquire(uint64_t bytes);
 
  private:
-  uint64_t rate_;
-  std::mutex mu_;
-  double available_ = 0;
-  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  const uint64_t rate_;
+  absl::Mutex mu_;
+  double available_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point last_ ABSL_GUARDED_BY(mu_) =
+      std::chrono::steady_clock::now();
 };
 
 class PrefetchRunner {
@@ -47,7 +50,7 @@ class PrefetchRunner {
   ~PrefetchRunner();
 
   // The jobs meta listed for this node: starts new ones, stops cancelled ones, releases pins.
-  void Update(const std::vector<rpc::PrefetchJob>& jobs);
+  void Update(const std::vector<rpc::PrefetchJob>& jobs) ABSL_LOCKS_EXCLUDED(mu_);
 
   // How long a node waits for a block's owner before reading the origin itself.
   static constexpr auto kOwnerGrace = std::chrono::seconds(15);
@@ -71,15 +74,16 @@ class PrefetchRunner {
   absl::StatusOr<std::shared_ptr<const DatasetView>> Plan(const rpc::PrefetchJob& job,
                                                           std::vector<Block>* mine,
                                                           std::vector<uint64_t>* files);
-  void ApplyPin(const rpc::PrefetchJob& job, int64_t until);
+  void ApplyPin(const rpc::PrefetchJob& job, int64_t until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string node_id_;
   Namespace* ns_;
   ReadPath* read_path_;
   BlockCache* cache_;
   meta::MetaClient* meta_;
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Running>> jobs_;  // GUARDED_BY(mu_)
+  // Lock order: mu_ -> the namespace's and the cache's (Update applies changed pins under it).
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Running>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember::cachefs

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "cachefs/block_cache.h"
+#include "cachefs/cache/block_cache.h"
 #include "common/units.h"
 #include "tools/cli.h"
 

@@ -1,14 +1,10 @@
 // `ember node` (one node agent against a meta service) and `ember up` (meta + node + mount in
 // one process: the whole system on one machine).
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -20,8 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cachefs/fuse/supervisor.h"
 #include "cachefs/node_agent.h"
-#include "cachefs/takeover.h"
 #include "common/units.h"
 #include "meta/meta_client.h"
 #include "meta/meta_server.h"
@@ -135,10 +131,10 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
         "handed over)");
   }
   o.takeover = f.takeover;
-  if (const char* sup = std::getenv("EMBER_SUPERVISOR_FD"); sup != nullptr && *sup != '\0') {
+  if (const char* sup = std::getenv(cachefs::kSupervisorFdEnv); sup != nullptr && *sup != '\0') {
     int fd = -1;
     if (absl::SimpleAtoi(sup, &fd) && fd >= 0) o.supervisor_fd = fd;
-    unsetenv("EMBER_SUPERVISOR_FD");
+    unsetenv(cachefs::kSupervisorFdEnv);
   }
   auto mode = transport::ParseTransportMode(f.transport);
   if (!mode.ok()) Fail(mode.status());
@@ -203,79 +199,15 @@ void RunAgent(const cachefs::NodeOptions& options, const std::function<void()>& 
   waiter.join();
 }
 
-// `ember node --supervise`: runs the agent (this command line without --supervise) as a child
-// and keeps a copy of its /dev/fuse fd with the open passthrough files it reports (takeover.h).
-// When the agent dies of anything but a requested stop, the next one reattaches the same mount
-// (the kernel resends the requests the dead one had taken), so open files keep working.
-int Supervise() {
+// `ember node --supervise`: the agent is this command line without --supervise, run under
+// cachefs's supervisor (cachefs/fuse/supervisor.h), which keeps the mount across its crashes.
+std::vector<std::string> SupervisedAgentArgs() {
   std::vector<std::string> args;
-  {
-    std::ifstream in("/proc/self/cmdline", std::ios::binary);
-    for (std::string a; std::getline(in, a, '\0');) {
-      if (a != "--supervise") args.push_back(a);
-    }
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  for (std::string a; std::getline(in, a, '\0');) {
+    if (a != "--supervise") args.push_back(a);
   }
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-    Fail(absl::StrCat("supervisor: socketpair: ", strerror(errno)));
-  }
-  cachefs::KernelFuseState state;
-  sigset_t term;
-  sigemptyset(&term);
-  sigaddset(&term, SIGTERM);
-  sigaddset(&term, SIGINT);
-  while (true) {
-    // Stale messages a dead agent never read, then the mount for the next one.
-    cachefs::KernelFuseState stale;
-    while (cachefs::ReceiveSupervisorMessage(sv[1], &stale) > 0) {
-    }
-    if (stale.fd >= 0) close(stale.fd);
-    if (state.fd >= 0) {
-      absl::Status st = cachefs::SendStateMessage(sv[0], state);
-      if (!st.ok()) spdlog::error("supervisor: {}", std::string(st.message()));
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-      sigprocmask(SIG_UNBLOCK, &term, nullptr);
-      fcntl(sv[1], F_SETFD, 0);  // inherited by the agent
-      setenv("EMBER_SUPERVISOR_FD", std::to_string(sv[1]).c_str(), 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv("/proc/self/exe", argv.data());
-      _exit(127);
-    }
-    if (pid < 0) Fail(absl::StrCat("supervisor: fork: ", strerror(errno)));
-    spdlog::info("supervisor: agent started (pid {})", pid);
-    bool stopping = false;
-    int status = 0;
-    while (true) {
-      pollfd p{sv[0], POLLIN, 0};
-      if (poll(&p, 1, 100) > 0) {
-        while (cachefs::ReceiveSupervisorMessage(sv[0], &state) > 0) {
-        }
-      }
-      timespec zero{0, 0};
-      int sig = sigtimedwait(&term, nullptr, &zero);
-      if (sig > 0) {
-        stopping = true;
-        kill(pid, sig);
-      }
-      if (waitpid(pid, &status, WNOHANG) == pid) break;
-    }
-    while (cachefs::ReceiveSupervisorMessage(sv[0], &state) > 0) {
-    }
-    bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (stopping || clean || state.fd < 0) {
-      // Stopped on purpose, or it never mounted (a bad flag): nothing to keep.
-      if (state.fd >= 0) close(state.fd);
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    spdlog::error("supervisor: agent (pid {}) died ({}); restarting it on the same mount", pid,
-                  WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
-                                      : absl::StrCat("exit code ", WEXITSTATUS(status)));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  return args;
 }
 
 std::string DefaultDataDir() {
@@ -299,7 +231,9 @@ void AddNodeCommands(CLI::App& app) {
       BlockTerminationSignals();
       if (f->supervise) {
         if (f->fuse_binding != "kernel") Fail("--supervise needs --fuse-binding kernel");
-        std::exit(Supervise());
+        auto code = cachefs::Supervise(SupervisedAgentArgs());
+        if (!code.ok()) Fail(code.status());
+        std::exit(*code);
       }
       RunAgent(o, {});
     });

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "cachefs/index_record.h"
+#include "cachefs/cache/index_record.h"
 
 using namespace ember::cachefs;
 

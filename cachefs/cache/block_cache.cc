@@ -1,0 +1,311 @@
+// BlockCache: residency, holds, admission and eviction, and block writes. Opening and loading
+// the index is in recovery.cc, verification in verify.cc, the file I/O in cache_files.cc.
+#include "cachefs/cache/block_cache.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace ember::cachefs {
+namespace {
+
+uint64_t PolicyHash(const BlockAddr& a) { return MakeBlockId(a).lo; }
+
+}  // namespace
+
+int64_t BlockCache::UnixNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void BlockCache::Touch(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  policy_.RecordAccess(PolicyHash(addr));
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return;
+  LruUnlink(&*it);
+  LruPushFront(&*it);
+}
+
+BlockHoldPtr BlockCache::Acquire(const BlockAddr& addr, bool record_access) {
+  absl::MutexLock lock(&mu_);
+  if (record_access) policy_.RecordAccess(PolicyHash(addr));
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return nullptr;
+  Entry& e = it->second;
+  int fd = -1;
+  auto file = OpenForRead(addr, &fd);
+  if (!file) {
+    spdlog::warn("cache: block file {} vanished: {}", FilePath(addr), strerror(errno));
+    RemoveLocked(it, false);
+    return nullptr;
+  }
+  e.holds++;
+  LruUnlink(&*it);
+  LruPushFront(&*it);
+  auto* hold = new BlockHold{addr,       fd,         e.offset,     e.length,
+                             e.checksum, e.verified, e.generation, std::move(file)};
+  return BlockHoldPtr(hold, [this](const BlockHold* h) {
+    Release(h->addr);
+    delete h;
+  });
+}
+
+std::shared_ptr<const void> BlockCache::OpenForRead(const BlockAddr& addr, int* fd) {
+  constexpr size_t kMaxOpenFiles = 1024;
+  auto key = std::make_tuple(addr.dataset_id, addr.version, addr.file_id);
+  auto it = read_fds_.find(key);
+  if (it != read_fds_.end()) {
+    *fd = *static_cast<const int*>(it->second.get());
+    return it->second;
+  }
+  int f = open(FilePath(addr).c_str(), O_RDONLY | O_CLOEXEC);
+  if (f < 0) return nullptr;
+  std::shared_ptr<const void> holder(new int(f), [](const void* p) {
+    close(*static_cast<const int*>(p));
+    delete static_cast<const int*>(p);
+  });
+  if (read_fds_.size() >= kMaxOpenFiles) read_fds_.erase(read_fds_.begin());
+  read_fds_.emplace(key, holder);
+  *fd = f;
+  return holder;
+}
+
+void BlockCache::Release(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end()) return;
+  if (--it->second.holds == 0 && it->second.doomed) {
+    files_.PunchHole(addr, it->second.offset, it->second.length);
+    used_ -= it->second.length;
+    EraseLocked(it);
+  }
+}
+
+void BlockCache::MarkVerified(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(addr);
+  if (it != blocks_.end()) it->second.verified = true;
+}
+
+void BlockCache::MarkAllVerified() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [addr, e] : blocks_) e.verified = true;
+}
+
+bool BlockCache::Resident(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(addr);
+  return it != blocks_.end() && !it->second.writing && !it->second.doomed;
+}
+
+void BlockCache::RemoveLocked(Blocks::iterator it, bool evicted) {
+  const BlockAddr addr = it->first;
+  if (absl::Status st = index_->Delete(addr); !st.ok()) {
+    // Its record is dropped at the next start anyway: the range is punched below.
+    spdlog::warn("cache: cannot remove block {}/{}/{}/{} from the index: {}", addr.dataset_id,
+                 addr.version, addr.file_id, addr.index, std::string(st.message()));
+  }
+  removed_.push_back(addr);
+  if (evicted) evictions_++;
+  if (it->second.holds > 0) {
+    it->second.doomed = true;  // punched by the last Release
+    return;
+  }
+  files_.PunchHole(addr, it->second.offset, it->second.length);
+  used_ -= it->second.length;
+  EraseLocked(it);
+}
+
+void BlockCache::LruPushFront(Node* n) {
+  n->second.lru_prev = nullptr;
+  n->second.lru_next = lru_front_;
+  (lru_front_ != nullptr ? lru_front_->second.lru_prev : lru_back_) = n;
+  lru_front_ = n;
+}
+
+void BlockCache::LruUnlink(Node* n) {
+  Entry& e = n->second;
+  (e.lru_prev != nullptr ? e.lru_prev->second.lru_next : lru_front_) = e.lru_next;
+  (e.lru_next != nullptr ? e.lru_next->second.lru_prev : lru_back_) = e.lru_prev;
+  e.lru_prev = e.lru_next = nullptr;
+}
+
+void BlockCache::EraseLocked(Blocks::iterator it) {
+  LruUnlink(&*it);
+  blocks_.erase(it);
+}
+
+bool BlockCache::Drop(const BlockAddr& addr, uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return false;
+  if (generation != 0 && it->second.generation != generation) return false;
+  RemoveLocked(it, false);
+  return true;
+}
+
+bool BlockCache::MakeRoom(const BlockAddr& addr, uint32_t len) {
+  if (used_ + len <= options_.capacity_bytes) return true;
+  const int64_t now_ms = UnixNowMs();
+  // Choose victims from the LRU end, skipping held, pinned and in-flight blocks.
+  std::vector<Blocks::iterator> victims;
+  uint64_t freed = 0;
+  uint32_t victim_max = 0;
+  for (Node* n = lru_back_; n != nullptr && used_ + len - freed > options_.capacity_bytes;
+       n = n->second.lru_prev) {
+    auto v = blocks_.find(n->first);
+    if (v->second.holds > 0 || v->second.writing || v->second.doomed ||
+        v->second.pinned_until_ms > now_ms) {
+      continue;
+    }
+    victims.push_back(v);
+    freed += v->second.length;
+    victim_max = std::max(victim_max, policy_.Frequency(PolicyHash(v->first)));
+  }
+  if (used_ + len - freed > options_.capacity_bytes ||
+      !policy_.Admit(PolicyHash(addr), victim_max)) {
+    return false;
+  }
+  for (auto v : victims) RemoveLocked(v, true);
+  return true;
+}
+
+BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file_size,
+                                            uint64_t offset, std::string_view data,
+                                            uint64_t checksum) {
+  const uint32_t len = static_cast<uint32_t>(data.size());
+  {
+    absl::MutexLock lock(&mu_);
+    auto existing = blocks_.find(addr);
+    if (existing != blocks_.end()) {
+      return existing->second.writing || existing->second.doomed ? InsertResult::kNotAdmitted
+                                                                 : InsertResult::kStored;
+    }
+    if (len > options_.capacity_bytes || !MakeRoom(addr, len)) {
+      not_admitted_++;
+      return InsertResult::kNotAdmitted;
+    }
+    Entry e;
+    e.writing = true;
+    e.checksum = checksum;
+    e.offset = offset;
+    e.length = len;
+    e.verified = true;  // the caller checked these bytes
+    e.generation = next_generation_++;
+    LruPushFront(&*blocks_.emplace(addr, e).first);
+    used_ += len;
+  }
+
+  // Write the bytes outside the lock, then commit through the index.
+  int err = files_.WriteBlock(addr, file_size, offset, data);
+  absl::Status indexed = absl::OkStatus();
+  if (err == 0) {
+    indexed = index_->Put({addr, checksum, offset, len, 0});
+    if (!indexed.ok()) err = EIO;
+  }
+
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(addr);
+  if (err != 0) {
+    used_ -= len;
+    EraseLocked(it);
+    not_admitted_++;
+    if (err == ENOSPC || err == EDQUOT) {
+      if (!disk_full_logged_) {
+        spdlog::error(
+            "cache: disk full under {}; serving reads without caching until space "
+            "returns",
+            options_.dir);
+        disk_full_logged_ = true;
+      }
+      return InsertResult::kNoSpace;
+    }
+    spdlog::error("cache: cannot write block to {}: {}", FilePath(addr),
+                  indexed.ok() ? strerror(err) : std::string(indexed.message()));
+    return InsertResult::kError;
+  }
+  if (disk_full_logged_) {
+    // Near the edge a write can fit between failures (a failed write's pages are punched):
+    // call the disk back only once there is real room, so the log says "full" once.
+    struct statvfs vfs;
+    if (statvfs(options_.dir.c_str(), &vfs) == 0 &&
+        static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize >= 4 * len + (16u << 20)) {
+      spdlog::info("cache: writing blocks again under {}", options_.dir);
+      disk_full_logged_ = false;
+    }
+  }
+  it->second.writing = false;
+  added_.push_back(addr);
+  return InsertResult::kStored;
+}
+
+bool BlockCache::SetPin(const BlockAddr& addr, int64_t until_unix_ms) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.writing || it->second.doomed) return false;
+  Entry& e = it->second;
+  if (e.pinned_until_ms == until_unix_ms) return true;
+  e.pinned_until_ms = until_unix_ms;
+  if (absl::Status st = index_->Put({addr, e.checksum, e.offset, e.length, until_unix_ms});
+      !st.ok()) {
+    // Held in memory for this agent's lifetime; a restart forgets the pin.
+    spdlog::warn("cache: cannot store the pin of block {}/{}/{}/{}: {}", addr.dataset_id,
+                 addr.version, addr.file_id, addr.index, std::string(st.message()));
+  }
+  return true;
+}
+
+BlockCache::Stats BlockCache::GetStats() {
+  absl::MutexLock lock(&mu_);
+  Stats s;
+  const int64_t now_ms = UnixNowMs();
+  for (const auto& [a, e] : blocks_) {
+    if (e.pinned_until_ms > now_ms && !e.doomed) {
+      s.pinned_bytes += e.length;
+      s.pinned_bytes_by_dataset[a.dataset_id] += e.length;
+    }
+  }
+  s.capacity_bytes = options_.capacity_bytes;
+  s.used_bytes = used_;
+  s.resident_blocks = blocks_.size();
+  s.evictions = evictions_;
+  s.not_admitted = not_admitted_;
+  s.checksum_failures = checksum_failures_;
+  return s;
+}
+
+void BlockCache::TakeChanges(std::vector<BlockAddr>* added, std::vector<BlockAddr>* removed) {
+  absl::MutexLock lock(&mu_);
+  added->swap(added_);
+  removed->swap(removed_);
+  added_.clear();
+  removed_.clear();
+}
+
+void BlockCache::ForEachResidentFile(
+    const std::function<void(uint32_t, uint32_t, uint64_t, const std::string&)>& fn) {
+  std::vector<std::tuple<uint32_t, uint32_t, uint64_t, std::string>> files;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [a, e] : blocks_) {
+      if (e.writing || e.doomed) continue;
+      if (files.empty() || std::get<0>(files.back()) != a.dataset_id ||
+          std::get<1>(files.back()) != a.version || std::get<2>(files.back()) != a.file_id) {
+        files.emplace_back(a.dataset_id, a.version, a.file_id, std::string());
+      }
+      std::string& bm = std::get<3>(files.back());
+      if (bm.size() <= a.index / 8) bm.resize(a.index / 8 + 1, '\0');
+      bm[a.index / 8] = static_cast<char>(bm[a.index / 8] | (1 << (a.index % 8)));
+    }
+  }
+  for (const auto& [ds, ver, file, bm] : files) fn(ds, ver, file, bm);
+}
+
+}  // namespace ember::cachefs

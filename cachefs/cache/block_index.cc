@@ -1,0 +1,59 @@
+#include "cachefs/cache/block_index.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace ember::cachefs {
+
+absl::StatusOr<std::unique_ptr<BlockIndex>> BlockIndex::Open(const std::string& cache_dir) {
+  rocksdb::Options ro;
+  ro.create_if_missing = true;
+  ro.write_buffer_size = 8 << 20;
+  ro.max_open_files = 64;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(ro, cache_dir + "/index", &db);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open cache index in '", cache_dir, "': ", s.ToString()));
+  }
+  return std::unique_ptr<BlockIndex>(new BlockIndex(db));
+}
+
+BlockIndex::BlockIndex(rocksdb::DB* db) : db_(db) {}
+
+BlockIndex::~BlockIndex() {
+  if (db_) db_->Close();
+}
+
+absl::Status BlockIndex::Put(const IndexRecord& r) {
+  rocksdb::Status s =
+      db_->Put(rocksdb::WriteOptions(), EncodeIndexKey(r.addr), EncodeIndexValue(r));
+  if (!s.ok()) return absl::InternalError(s.ToString());
+  return absl::OkStatus();
+}
+
+absl::Status BlockIndex::Delete(const BlockAddr& addr) {
+  rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), EncodeIndexKey(addr));
+  if (!s.ok()) return absl::InternalError(s.ToString());
+  return absl::OkStatus();
+}
+
+size_t BlockIndex::Load(const std::function<bool(const IndexRecord&)>& keep) {
+  std::vector<std::string> stale_keys;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    auto rec = DecodeIndexRecord(std::string_view(it->key().data(), it->key().size()),
+                                 std::string_view(it->value().data(), it->value().size()));
+    if (!rec || !keep(*rec)) stale_keys.push_back(it->key().ToString());
+  }
+  // A record left behind is harmless: its block is forgotten again at the next start.
+  for (const auto& k : stale_keys) db_->Delete(rocksdb::WriteOptions(), k).PermitUncheckedError();
+  return stale_keys.size();
+}
+
+}  // namespace ember::cachefs

@@ -1,0 +1,83 @@
+#include "cachefs/fetch/fill_sources.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics.h"
+
+namespace ember::cachefs {
+
+absl::Status OriginChanged() {
+  return absl::FailedPreconditionError(
+      "origin bytes differ from those first read for this dataset version (origin changed)");
+}
+
+FillSources::FillSources(origin::Origin* origin, PeerFetcher* peers, ChecksumBook* checksums)
+    : origin_(origin), peers_(peers), checksums_(checksums) {}
+
+FillSources::Fetched FillSources::Fetch(const FileRef& file, uint64_t index, bool allow_origin,
+                                        const std::function<void(uint64_t)>* before_origin) {
+  const BlockAddr addr = file.Block(index);
+  const uint64_t offset = index * file.block_size;
+  const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
+  Fetched f;
+  f.data = std::make_shared<BlockBuffer>(len);
+  static metrics::Histogram* const peer_fill = metrics::Global().GetHistogram(
+      "ember_fill_seconds", "Block fills that succeeded, by source (peer fetch or origin read).",
+      {{"source", "peer"}});
+  static metrics::Histogram* const origin_fill = metrics::Global().GetHistogram(
+      "ember_fill_seconds", "Block fills that succeeded, by source (peer fetch or origin read).",
+      {{"source", "origin"}});
+  auto fill_start = std::chrono::steady_clock::now();
+  auto fill_seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - fill_start).count();
+  };
+  // A peer first: the origin is read once for the whole cluster.
+  absl::StatusOr<uint64_t> from_peer = absl::NotFoundError("no peers");
+  if (peers_ != nullptr && !(allow_origin && peers_->LikelyUnheld(addr))) {
+    from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), f.data->data());
+  }
+  absl::Status& st = f.status;
+  if (from_peer.ok()) {
+    peer_fill->Observe(fill_seconds());
+    bytes_peers_ += len;
+    f.from_peer = true;
+    f.checksum = *from_peer;
+  } else if (!allow_origin) {
+    st = absl::NotFoundError("no peer holds the block yet");
+  } else {
+    if (before_origin != nullptr && *before_origin) (*before_origin)(len);  // rate limit
+    fill_start =
+        std::chrono::steady_clock::now();  // the origin's time, not the peers' or the limiter's
+    st = origin_->Read(file.origin, offset, len, f.data->data());
+    if (st.ok()) {
+      origin_fill->Observe(fill_seconds());
+      origin_reads_++;
+      bytes_origin_ += len;
+      f.checksum = BlockChecksum(f.data->data(), len);
+      // Meta's checksum, when a Locate told it, is checked before anyone gets the bytes; else
+      // ours is claimed after the reply (a writer thread, batched with other fills).
+      std::optional<uint64_t> known = checksums_->Known(addr);
+      if (checksums_->Conflicting(addr) || (known && *known != f.checksum)) {
+        st = OriginChanged();
+      } else {
+        f.claim = !known;
+      }
+    }
+  }
+  if (!st.ok() && allow_origin) {
+    spdlog::error("read: {} block {} of {}/{}: {}{}", file.dataset_name, index, file.origin.root,
+                  file.origin.path, std::string(st.message()),
+                  absl::IsFailedPrecondition(st)
+                      ? absl::StrCat("; run `ember dataset refresh ", file.dataset_name, "`")
+                      : "");
+  }
+  if (!st.ok()) f.data.reset();
+  return f;
+}
+
+}  // namespace ember::cachefs

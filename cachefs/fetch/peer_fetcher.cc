@@ -1,0 +1,187 @@
+#include "cachefs/fetch/peer_fetcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics.h"
+
+namespace ember::cachefs {
+namespace {
+constexpr size_t kMaxLocated = 100'000;
+}
+
+PeerFetcher::PeerFetcher(BlockDirectory* directory, transport::BlockTransport* transport,
+                         ChecksumBook* checksums, const Options& options)
+    : directory_(directory), transport_(transport), checksums_(checksums), options_(options) {
+  // Every kind exists from the start, so dashboards see 0 rather than nothing.
+  for (const char* kind : {"checksum", "not_found", "timeout", "auth", "connection", "protocol"}) {
+    ErrorCounter(kind);
+  }
+}
+
+absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
+  auto locations = directory_->Locate(addrs);
+  if (!locations.ok()) return locations.status();
+  const auto now = std::chrono::steady_clock::now();
+  // Meta's checksums first: a Fetch that finds the holders below finds the checksum too.
+  for (size_t i = 0; i < locations->size(); i++) {
+    if ((*locations)[i].checksum) checksums_->Learn(addrs[i], *(*locations)[i].checksum);
+  }
+  absl::MutexLock lock(&mu_);
+  if (located_.size() > kMaxLocated) located_.clear();
+  for (size_t i = 0; i < locations->size(); i++) {
+    const BlockDirectory::Location& loc = (*locations)[i];
+    auto dsv = std::make_pair(addrs[i].dataset_id, addrs[i].version);
+    if (loc.dataset_unheld) {
+      unheld_[dsv] = now;
+    } else if (!loc.holders.empty()) {
+      unheld_.erase(dsv);
+    }
+    Located l;
+    l.at = now;
+    for (const Holder& h : loc.holders) {
+      if (h.id != options_.self_id) l.holders.push_back(h);
+    }
+    // "Nobody has it" is not kept: Fetch and LocateAhead ask again, since during a prefetch the
+    // holders change within moments.
+    if (l.holders.empty()) {
+      located_.erase(addrs[i]);
+    } else {
+      located_[addrs[i]] = std::move(l);
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool PeerFetcher::LikelyUnheld(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  return UnheldLocked(addr, std::chrono::steady_clock::now());
+}
+
+bool PeerFetcher::UnheldLocked(const BlockAddr& addr, std::chrono::steady_clock::time_point now) {
+  auto it = unheld_.find({addr.dataset_id, addr.version});
+  return it != unheld_.end() && now - it->second <= options_.locate_ttl;
+}
+
+void PeerFetcher::LocateAhead(const std::vector<BlockAddr>& addrs) {
+  std::vector<BlockAddr> missing;
+  auto now = std::chrono::steady_clock::now();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& a : addrs) {
+      if (UnheldLocked(a, now)) continue;
+      auto it = located_.find(a);
+      if (it == located_.end() || now - it->second.at > options_.locate_ttl) missing.push_back(a);
+    }
+  }
+  if (missing.empty()) return;
+  // Best effort: when it fails, each fill locates its own block (and meets the same error).
+  if (absl::Status st = Locate(missing); !st.ok()) {
+    spdlog::debug("peer: locating {} blocks ahead: {}", missing.size(), std::string(st.message()));
+  }
+}
+
+metrics::Counter* PeerFetcher::ErrorCounter(const char* kind) {
+  return metrics::Global().GetCounter("ember_peer_errors_total",
+                                      "Failed peer fetches by kind (the reader moved on).",
+                                      {{"kind", kind}});
+}
+
+bool PeerFetcher::SuspectLocked(const std::string& id) {
+  auto it = suspects_.find(id);
+  if (it == suspects_.end()) return false;
+  if (std::chrono::steady_clock::now() > it->second) {
+    suspects_.erase(it);
+    return false;
+  }
+  return true;
+}
+
+void PeerFetcher::MarkSuspect(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  suspects_[id] = std::chrono::steady_clock::now() + options_.suspect_for;
+}
+
+absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t length, char* buf) {
+  Located l;
+  bool cached = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = located_.find(addr);
+    if (it != located_.end() &&
+        std::chrono::steady_clock::now() - it->second.at <= options_.locate_ttl) {
+      l = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    absl::Status s = Locate({addr});
+    if (!s.ok()) return absl::NotFoundError(absl::StrCat("cannot locate peers: ", s.message()));
+    absl::MutexLock lock(&mu_);
+    auto it = located_.find(addr);
+    if (it != located_.end()) l = it->second;
+  }
+  // Without meta's checksum a peer's bytes cannot be checked: use the origin.
+  const std::optional<uint64_t> checksum = checksums_->Known(addr);
+  if (l.holders.empty() || !checksum) return absl::NotFoundError("no peer holds the block");
+
+  // Nearest first, then least loaded by this node's own fetches in flight.
+  std::vector<Holder> order;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& h : l.holders) {
+      if (!SuspectLocked(h.id)) order.push_back(h);
+    }
+    auto rank = [&](const Holder& h) {
+      mu_.AssertHeld();
+      int near = (!options_.self_switch.empty() && h.sw == options_.self_switch) ? 0
+                 : (!options_.self_rack.empty() && h.rack == options_.self_rack) ? 1
+                                                                                 : 2;
+      return std::make_pair(near, inflight_[h.id]);
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const Holder& a, const Holder& b) { return rank(a) < rank(b); });
+  }
+  for (const auto& h : order) {
+    {
+      absl::MutexLock lock(&mu_);
+      inflight_[h.id]++;
+    }
+    transport::FetchInfo info;
+    absl::Status s = transport_->Fetch(h.address, addr, 0, length, buf, &info);
+    {
+      absl::MutexLock lock(&mu_);
+      inflight_[h.id]--;
+    }
+    if (s.ok() && BlockChecksum(buf, length) == *checksum) {
+      fetches_++;
+      return *checksum;
+    }
+    errors_++;
+    ErrorCounter(s.ok()                        ? "checksum"
+                 : absl::IsNotFound(s)         ? "not_found"
+                 : absl::IsDeadlineExceeded(s) ? "timeout"
+                 : absl::IsPermissionDenied(s) ? "auth"
+                 : absl::IsUnavailable(s)      ? "connection"
+                                               : "protocol")
+        ->Inc();
+    if (s.ok()) {
+      spdlog::error("peer: block {}/{}/{}/{} from {} ({}) failed its checksum; not used",
+                    addr.dataset_id, addr.version, addr.file_id, addr.index, h.id, h.address);
+      MarkSuspect(h.id);
+    } else if (absl::IsNotFound(s)) {
+      // A stale location: that peer evicted the block. Forget the cached answer.
+      absl::MutexLock lock(&mu_);
+      located_.erase(addr);
+    } else {
+      spdlog::warn("peer: {} ({}): {}; trying the next source", h.id, h.address,
+                   std::string(s.message()));
+      MarkSuspect(h.id);
+    }
+  }
+  return absl::NotFoundError("no peer could give the block");
+}
+
+}  // namespace ember::cachefs

@@ -1,0 +1,94 @@
+// PeerFetcher: fills a missing block from another node before the origin is touched.
+//
+// Asks the directory (meta) which live nodes hold the block (Locate; answers cached for a
+// couple of seconds, and batched for readahead: LocateAhead), orders the holders by nearness
+// (same `switch` label, then same `rack`, then the rest) and by how many fetches this node
+// already has in flight to each, and tries them in turn through the BlockTransport. Any error,
+// timeout, short read or checksum mismatch moves to the next holder at once, and a peer that
+// failed is skipped for a while without waiting for meta to notice it is gone. Bytes are
+// accepted only if they match meta's checksum of the block, which a Locate answer brings and the
+// ChecksumBook keeps; this keeps only holders.
+//
+// Thread-safe; one mutex, never held while calling the directory, the book or the transport.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cachefs/fetch/block_directory.h"
+#include "cachefs/fetch/checksum_book.h"
+#include "common/ids.h"
+#include "transport/block_transport.h"
+
+namespace ember::metrics {
+class Counter;
+}
+
+namespace ember::cachefs {
+
+class PeerFetcher {
+ public:
+  struct Options {
+    std::string self_id;
+    std::string self_switch;
+    std::string self_rack;
+    std::chrono::milliseconds locate_ttl{2000};
+    std::chrono::milliseconds suspect_for{10'000};
+  };
+  // The directory, transport and book must outlive this.
+  PeerFetcher(BlockDirectory* directory, transport::BlockTransport* transport,
+              ChecksumBook* checksums, const Options& options);
+
+  // Fills buf (length bytes: the whole block) from a peer.
+  // Returns: the checksum it matched; NotFound when no live peer holds it, meta's checksum is
+  // not known, or no holder gave correct bytes (the caller then reads the origin).
+  absl::StatusOr<uint64_t> Fetch(const BlockAddr& addr, uint32_t length, char* buf);
+  // Locates many blocks in one call (a readahead window) so later Fetches find their holders,
+  // and fills of them find meta's checksum, known.
+  void LocateAhead(const std::vector<BlockAddr>& addrs);
+  // Meta said within the last locate_ttl that no other live node holds any block of this
+  // block's dataset version: a fill that may read the origin need not ask (a cold first epoch
+  // then costs no Locate per block; a peer that gets blocks meanwhile is seen a moment later).
+  bool LikelyUnheld(const BlockAddr& addr);
+
+  uint64_t errors() const { return errors_; }
+  uint64_t fetches() const { return fetches_; }
+
+ private:
+  using Holder = BlockDirectory::Holder;
+  struct Located {
+    std::vector<Holder> holders;  // other nodes than this one; never empty
+    std::chrono::steady_clock::time_point at;
+  };
+
+  // Asks the directory; remembers holders and unheld versions, and tells the book meta's
+  // checksums. Returns: the directory's error.
+  absl::Status Locate(const std::vector<BlockAddr>& addrs) ABSL_LOCKS_EXCLUDED(mu_);
+  bool UnheldLocked(const BlockAddr& addr, std::chrono::steady_clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static metrics::Counter* ErrorCounter(const char* kind);
+  bool SuspectLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkSuspect(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  BlockDirectory* const directory_;
+  transport::BlockTransport* const transport_;
+  ChecksumBook* const checksums_;
+  const Options options_;
+  absl::Mutex mu_;
+  std::map<BlockAddr, Located> located_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::chrono::steady_clock::time_point> suspects_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> inflight_ ABSL_GUARDED_BY(mu_);
+  // (dataset, version) -> when meta last said no other node holds any of it.
+  std::map<std::pair<uint32_t, uint32_t>, std::chrono::steady_clock::time_point> unheld_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> errors_{0}, fetches_{0};
+};
+
+}  // namespace ember::cachefs

@@ -1,0 +1,209 @@
+#include "cachefs/fetch/read_path.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace ember::cachefs {
+namespace {
+constexpr int kWriterThreads = 2;
+}  // namespace
+
+ReadPath::ReadPath(BlockCache* cache, origin::Origin* origin, ChecksumBook* checksums,
+                   const Options& options, PeerFetcher* peers)
+    : cache_(cache),
+      checksums_(checksums),
+      peers_(peers),
+      options_(options),
+      sources_(origin, peers, checksums),
+      recent_(options.recent_blocks + std::max(0, options.readahead_blocks)),
+      write_behind_(
+          std::make_unique<WriteBehind>(cache, checksums, &recent_, &inflight_, kWriterThreads)),
+      readahead_(std::make_unique<Readahead>(cache, &inflight_, peers, options.fill_threads,
+                                             [this](const FileRef& file, uint64_t index) {
+                                               // The reader's visit counts, not this fill. A failed
+                                               // fill was logged (FillSources); the reader's own
+                                               // read meets the error, or fills the block, again.
+                                               GetBlock(file, index, /*count=*/false).IgnoreError();
+                                             })) {}
+
+ReadPath::~ReadPath() {
+  readahead_.reset();     // its workers fill through everything else
+  write_behind_.reset();  // writers store what is queued
+}
+
+ReadStats ReadPath::GetStats() const {
+  ReadStats s;
+  s.hits = hits_;
+  s.misses = misses_;
+  s.bytes_from_cache = bytes_cache_;
+  s.bytes_from_origin = sources_.bytes_from_origin();
+  s.bytes_from_peers = sources_.bytes_from_peers();
+  if (peers_ != nullptr) {
+    s.peer_fetches = peers_->fetches();
+    s.peer_errors = peers_->errors();
+  }
+  s.origin_block_reads = sources_.origin_block_reads();
+  return s;
+}
+
+std::unique_ptr<ReadStream> ReadPath::OpenStream(const FileRef& file) const {
+  return std::make_unique<ReadStream>(file);
+}
+
+absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, size_t size) {
+  // Sequential reader: queue the next blocks once per block boundary crossed.
+  auto [first, count] = stream.Advance(offset, size, options_.readahead_blocks);
+  if (count > 0) readahead_->Queue(stream.file(), first, count);
+  return ReadBlocks(stream.file(), offset, size, &stream);
+}
+
+absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size) {
+  return ReadBlocks(file, offset, size, nullptr);
+}
+
+absl::StatusOr<ReadResult> ReadPath::ReadBlocks(const FileRef& file, uint64_t offset, size_t size,
+                                                ReadStream* stream) {
+  ReadResult result;
+  const uint64_t file_size = file.origin.size;
+  if (offset >= file_size || size == 0) return result;
+  const uint64_t end = std::min<uint64_t>(file_size, offset + size);
+  const uint64_t bs = file.block_size;
+  for (uint64_t index = offset / bs; index * bs < end; index++) {
+    const bool count = stream == nullptr || stream->Enter(index);
+    auto block = GetBlock(file, index, count);
+    if (!block.ok()) return block.status();
+    uint64_t block_start = index * bs;
+    uint64_t from = std::max(offset, block_start);
+    uint64_t to = std::min(end, block_start + bs);
+    Segment seg;
+    seg.len = to - from;
+    if (block->hold) {
+      seg.fd = block->hold->fd;
+      seg.pos = from;  // blocks sit at their natural offsets in the cache file
+      if (!block->filled) bytes_cache_ += seg.len;
+      result.holds.push_back(block->hold);
+      // Merge with the previous segment when it is the same cache file and contiguous.
+      if (!result.segments.empty()) {
+        Segment& prev = result.segments.back();
+        if (prev.fd >= 0 && prev.pos + prev.len == seg.pos) {
+          // Different holds hold different fds of the same file; keep the first fd.
+          prev.len += seg.len;
+          result.total += seg.len;
+          continue;
+        }
+      }
+    } else {
+      if (!block->filled) bytes_cache_ += seg.len;  // a recent block kept in memory
+      seg.mem = block->data;
+      seg.mem_off = from - block_start;
+    }
+    result.total += seg.len;
+    result.segments.push_back(std::move(seg));
+  }
+  return result;
+}
+
+absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uint64_t index,
+                                                        bool count) {
+  const BlockAddr addr = file.Block(index);
+  bool filled = false;
+  for (int attempt = 0; attempt < 5; attempt++) {
+    if (auto recent = recent_.Get(addr)) {
+      // The policy sees every access, wherever it is served from. (A block it did not admit is
+      // offered again at its next fill, once it has left memory: offering it on every access
+      // here admits whatever is being read and thrashes a loop larger than the cache.)
+      if (count) cache_->Touch(addr);
+      if (!filled) hits_++;
+      return BlockBytes{nullptr, std::move(recent), filled};
+    }
+    if (auto hold = cache_->Acquire(addr, count)) {
+      if (!cache_->VerifyOnce(*hold)) continue;  // dropped; fill it again
+      if (!filled) hits_++;
+      return BlockBytes{std::move(hold), nullptr, filled};
+    }
+    filled = true;
+    Fill::Result fill = FillOnce(file, index, true, nullptr)->WaitDone();
+    if (fill.already) filled = false;  // someone else's fill ended just before: a hit
+    if (!fill.status.ok() && fill.peer_only) continue;  // joined a prefetch's peer-only try
+    if (!fill.status.ok()) return fill.status;
+    if (!fill.already) return BlockBytes{nullptr, std::move(fill.data), true};
+    // Already stored: loop to hold it (it may be evicted in between; then we fill again).
+  }
+  return absl::UnavailableError(
+      absl::StrCat("block ", index, " of ", file.origin.path, " could not be read after retries"));
+}
+
+absl::StatusOr<FileSystem::Backing> ReadPath::HoldFile(const FileRef& file) {
+  if (file.origin.size == 0) return absl::NotFoundError("empty file: nothing to read");
+  const uint64_t blocks = file.Blocks();
+  auto holds = std::make_shared<std::vector<BlockHoldPtr>>();
+  holds->reserve(blocks);
+  for (uint64_t i = 0; i < blocks; i++) {
+    auto hold = cache_->Acquire(file.Block(i));
+    if (!hold) return absl::NotFoundError(absl::StrCat("block ", i, " is not resident"));
+    if (!cache_->VerifyOnce(*hold)) {
+      return absl::NotFoundError(absl::StrCat("block ", i, " was bad"));
+    }
+    holds->push_back(std::move(hold));
+  }
+  return FileSystem::Backing{holds->front()->fd, holds};
+}
+
+std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, bool allow_origin,
+                                         const std::function<void(uint64_t)>* before_origin) {
+  const BlockAddr addr = file.Block(index);
+  auto [fill, leader] = inflight_.Join(addr);
+  if (!leader) return fill;  // the caller waits for it to be done
+  if (cache_->Resident(addr) || recent_.Get(addr) != nullptr) {
+    // A fill that ended between the caller's look at the cache and here: nothing to fetch.
+    fill->Finish({.already = true});
+    fill->Settle(false);
+  } else if (FillBlock(file, index, fill, allow_origin, before_origin)) {
+    return fill;  // write-behind stores the block and ends the fill
+  }
+  inflight_.End(addr, fill);
+  return fill;
+}
+
+absl::StatusOr<ReadPath::Source> ReadPath::MakeResident(
+    const FileRef& file, uint64_t index, bool allow_origin,
+    const std::function<void(uint64_t)>& before_origin) {
+  if (cache_->Resident(file.Block(index))) return Source::kResident;
+  std::shared_ptr<Fill> fill = FillOnce(file, index, allow_origin, &before_origin);
+  Fill::Result r = fill->WaitDone();
+  if (!r.status.ok()) return r.status;
+  if (r.already) return Source::kResident;
+  // A prefetch counts (and pins) resident blocks: wait for the cache write, not just the bytes.
+  if (fill->WaitSettled()) return OriginChanged();
+  return r.from_peer ? Source::kPeer : Source::kOrigin;
+}
+
+bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
+                         bool allow_origin, const std::function<void(uint64_t)>* before_origin) {
+  const BlockAddr addr = file.Block(index);
+  misses_++;
+  FillSources::Fetched f = sources_.Fetch(file, index, allow_origin, before_origin);
+  // Readers waiting on this fill get the bytes now, from memory; the cache write happens after,
+  // while they go on. Readers arriving meanwhile join this (done) fill: it stays in flight until
+  // the write ends.
+  fill->Finish(
+      {.status = f.status, .data = f.data, .from_peer = f.from_peer, .peer_only = !allow_origin});
+  if (!f.status.ok()) {
+    fill->Settle(false);
+    return false;
+  }
+  recent_.Put(addr, f.data);
+  const uint64_t offset = index * file.block_size;
+  write_behind_->Submit({addr, file.origin.size, offset, f.data, f.checksum, fill, f.claim,
+                         f.claim ? absl::StrCat(file.dataset_name, " block ", index, " of ",
+                                                file.origin.root, "/", file.origin.path)
+                                 : std::string()});
+  return true;
+}
+
+void ReadPath::FlushPendingChecksums() {
+  for (const BlockAddr& addr : checksums_->Flush()) cache_->Drop(addr);
+}
+
+}  // namespace ember::cachefs

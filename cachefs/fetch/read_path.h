@@ -1,0 +1,143 @@
+// cachefs/fetch/: the fill pipeline. ReadPath (this header) is the folder's front door and the
+// front door of the read path: the FUSE side (DatasetFs) and prefetch call only it.
+//
+// Owns: turning a byte range of a dataset file into held cache blocks or freshly filled bytes;
+// single-flight of fills (single_flight.h); where bytes come from and the checks they pass
+// (fill_sources.h: peers via peer_fetcher.h, then the origin); meta's checksums, claims and
+// conflicts (checksum_book.h); storing filled blocks after the reply (write_behind.h); the last
+// blocks filled (recent_blocks.h); reading ahead of sequential readers (readahead.h). Talks to
+// meta only through BlockDirectory (block_directory.h). Must not touch: FUSE, inodes or the
+// namespace (it sees FileRefs), the cache's files or index (only BlockCache's API), meta's
+// client directly.
+//
+// For each block of a read:
+//   1. one of the last blocks filled, still in memory -> its bytes;
+//   2. resident -> a hold on it; the first time this agent serves it, the cache re-reads it and
+//      checks its XXH3 (BlockCache::VerifyOnce: a mismatch drops the block and it is filled
+//      again; wrong bytes never go out);
+//   3. miss -> join the fill in flight for that block, or lead one: FillSources fetches and
+//      checks the bytes, the readers waiting get them from memory, then WriteBehind claims the
+//      checksum (if meta did not know it) and stores the block. A block whose claim conflicts is
+//      not stored, and later reads of it fail.
+// The reply carries held cache blocks as (fd, offset) segments and filled bytes from memory: the
+// libfuse binding splices the fds, the kernel binding preads them into its reply buffer.
+//
+// Thread-safe. No two of the parts' locks are held together: each part locks only its own
+// state and calls the next one with its lock released.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "cachefs/cache/block_cache.h"
+#include "cachefs/fetch/checksum_book.h"
+#include "cachefs/fetch/file_ref.h"
+#include "cachefs/fetch/fill_sources.h"
+#include "cachefs/fetch/peer_fetcher.h"
+#include "cachefs/fetch/readahead.h"
+#include "cachefs/fetch/recent_blocks.h"
+#include "cachefs/fetch/single_flight.h"
+#include "cachefs/fetch/write_behind.h"
+#include "cachefs/filesystem.h"
+#include "origin/origin.h"
+
+namespace ember::cachefs {
+
+struct ReadStats {
+  uint64_t hits = 0;  // blocks
+  uint64_t misses = 0;
+  uint64_t bytes_from_cache = 0;
+  uint64_t bytes_from_peers = 0;
+  uint64_t bytes_from_origin = 0;
+  uint64_t origin_block_reads = 0;
+  uint64_t peer_fetches = 0;
+  uint64_t peer_errors = 0;
+};
+
+class ReadPath {
+ public:
+  struct Options {
+    int readahead_blocks = 4;  // blocks filled ahead of a sequential reader
+    int fill_threads = 2;      // background fills (readahead)
+    // The last blocks filled stay in memory (this many besides the readahead window): the
+    // kernel's many small reads of a block just filled are served from there, not re-read from
+    // the cache file, and a block not admitted to the cache (policy, full disk) is fetched once.
+    size_t recent_blocks = 2;
+  };
+  // `peers` may be null: misses then go straight to the origin. Everything passed must outlive
+  // this.
+  ReadPath(BlockCache* cache, origin::Origin* origin, ChecksumBook* checksums, const Options& options,
+           PeerFetcher* peers = nullptr);
+  // Ends readahead, then stores what write-behind has queued.
+  ~ReadPath();
+
+  // One open file's reading state (readahead window, block visits): see readahead.h.
+  std::unique_ptr<ReadStream> OpenStream(const FileRef& file) const;
+  // Reads [offset, offset+size) for an open file, reading ahead of a sequential reader.
+  // Returns: the segments covering the range clipped to the file size (holding what keeps them
+  // valid); the fill's error when a block cannot be had: NotFound / FailedPrecondition /
+  // Unavailable from the origin, FailedPrecondition when the origin changed in place.
+  absl::StatusOr<ReadResult> Read(ReadStream& stream, uint64_t offset, size_t size);
+  // The same for a one-off read, without readahead; every block read counts as an access.
+  absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size);
+
+  // Where a block made resident came from.
+  enum class Source { kResident, kPeer, kOrigin };
+  // Makes one block resident and waits until it is stored (prefetch). With allow_origin false
+  // only peers are asked. `before_origin` runs before an origin read (a rate limit).
+  // Returns: the source; NotFound when peer-only and no peer has it yet; FailedPrecondition
+  // when the origin changed; the fill's error.
+  absl::StatusOr<Source> MakeResident(const FileRef& file, uint64_t index, bool allow_origin,
+                                      const std::function<void(uint64_t bytes)>& before_origin);
+
+  // Holds every block of a file that is wholly resident, verifying blocks not yet checked since
+  // the agent started, for passthrough reads of its cache file. Returns: the file's cache fd
+  // (valid while the hold lives) and the hold; NotFound if a block is missing or was bad.
+  absl::StatusOr<FileSystem::Backing> HoldFile(const FileRef& file);
+
+  ReadStats GetStats() const;
+  // Retries the checksum claims that waited while meta was unreachable (the agent calls it);
+  // blocks that turn out to conflict are dropped from the cache.
+  void FlushPendingChecksums();
+
+ private:
+  struct BlockBytes {
+    BlockHoldPtr hold;                        // resident, or
+    std::shared_ptr<const BlockBuffer> data;  // served from memory
+    bool filled = false;                      // this read waited for a fill
+  };
+
+  absl::StatusOr<ReadResult> ReadBlocks(const FileRef& file, uint64_t offset, size_t size,
+                                        ReadStream* stream);
+  // `count`: tell the cache policy of this access (not for readahead, nor again for the block
+  // a reader is already in).
+  absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index, bool count = true);
+  // Single-flight: joins the fill in flight for the block, or leads one. Returns: the fill,
+  // done (its bytes or error handed out; maybe not yet settled).
+  std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, bool allow_origin,
+                                 const std::function<void(uint64_t)>* before_origin);
+  // As the leader of `fill`: fetches the block, hands the bytes to the fill's waiters, then
+  // submits the cache write. Returns: true when the fill succeeded (write-behind then settles
+  // and ends it), false when it failed (settled; the caller ends it).
+  bool FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
+                 bool allow_origin, const std::function<void(uint64_t)>* before_origin);
+
+  BlockCache* const cache_;
+  ChecksumBook* const checksums_;
+  PeerFetcher* const peers_;
+  const Options options_;
+  FillSources sources_;
+  SingleFlight inflight_;
+  RecentBlocks recent_;
+  // Destroyed first (declared last): readahead workers fill through everything above, and
+  // write-behind stores into the cache.
+  std::unique_ptr<WriteBehind> write_behind_;
+  std::unique_ptr<Readahead> readahead_;
+
+  std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_cache_{0};
+};
+
+}  // namespace ember::cachefs

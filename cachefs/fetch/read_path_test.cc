@@ -1,0 +1,408 @@
+#include "cachefs/fetch/read_path.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "tests/testing/testing.h"
+
+namespace ember::cachefs {
+namespace {
+
+constexpr uint64_t kBlock = 64 << 10;
+
+// An origin in memory that counts reads and can be slowed down or broken.
+class FakeOrigin : public origin::Origin {
+ public:
+  absl::StatusOr<origin::WalkStats> Walk(const std::string& root, const origin::EntryFn& fn,
+                                         const origin::ListProgress& progress) override {
+    return absl::UnimplementedError("the read path never walks");
+  }
+  absl::Status Read(const origin::OriginFile& f, uint64_t offset, size_t len, char* buf) override {
+    reads++;
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    auto it = files.find(f.path);
+    if (it == files.end()) return absl::NotFoundError("gone: " + f.path);
+    if (it->second.size() != f.size) return absl::FailedPreconditionError("changed: " + f.path);
+    std::memcpy(buf, it->second.data() + offset, len);
+    return absl::OkStatus();
+  }
+  std::map<std::string, std::string> files;
+  std::atomic<int> reads{0};
+  int delay_ms = 0;
+};
+
+// Meta's block directory in memory: checksums (first writer wins), one peer that may hold every
+// block, and switches to make it unreachable or to hold claims until released.
+class FakeDirectory : public BlockDirectory {
+ public:
+  absl::StatusOr<std::vector<Location>> Locate(const std::vector<BlockAddr>& addrs) override {
+    absl::MutexLock lock(&mu_);
+    if (!reachable_) return absl::UnavailableError("meta is down");
+    std::vector<Location> out;
+    for (const auto& a : addrs) {
+      Location l;
+      if (auto it = checksums_.find(a); it != checksums_.end()) l.checksum = it->second;
+      if (peer_holds_) l.holders.push_back({"peer", "peer:1", "", ""});
+      out.push_back(l);
+    }
+    return out;
+  }
+  absl::StatusOr<std::vector<bool>> RecordChecksums(const std::vector<Claim>& claims) override {
+    absl::MutexLock lock(&mu_);
+    claims_in_progress_++;
+    mu_.Await(absl::Condition(this, &FakeDirectory::ClaimsReleased));
+    claims_in_progress_--;
+    if (!reachable_) return absl::UnavailableError("meta is down");
+    batches_.push_back(claims.size());
+    std::vector<bool> conflict;
+    for (const auto& c : claims) {
+      auto [it, fresh] = checksums_.emplace(c.addr, c.checksum);
+      conflict.push_back(!fresh && it->second != c.checksum);
+    }
+    return conflict;
+  }
+  absl::Status ReportResident(const std::vector<ResidentFile>&) override {
+    return absl::OkStatus();
+  }
+  absl::Status ReportChanges(const std::vector<BlockAddr>&,
+                             const std::vector<BlockAddr>&) override {
+    return absl::OkStatus();
+  }
+
+  void SetChecksum(const BlockAddr& a, uint64_t sum) {
+    absl::MutexLock lock(&mu_);
+    checksums_[a] = sum;
+  }
+  std::optional<uint64_t> Checksum(const BlockAddr& a) {
+    absl::MutexLock lock(&mu_);
+    auto it = checksums_.find(a);
+    return it == checksums_.end() ? std::nullopt : std::optional<uint64_t>(it->second);
+  }
+  void SetReachable(bool r) {
+    absl::MutexLock lock(&mu_);
+    reachable_ = r;
+  }
+  void SetPeerHolds(bool h) {
+    absl::MutexLock lock(&mu_);
+    peer_holds_ = h;
+  }
+  void HoldClaims(bool h) {
+    absl::MutexLock lock(&mu_);
+    hold_claims_ = h;
+  }
+  int ClaimsInProgress() {
+    absl::MutexLock lock(&mu_);
+    return claims_in_progress_;
+  }
+  std::vector<size_t> Batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+
+ private:
+  bool ClaimsReleased() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_claims_; }
+
+  absl::Mutex mu_;
+  std::map<BlockAddr, uint64_t> checksums_ ABSL_GUARDED_BY(mu_);
+  bool reachable_ ABSL_GUARDED_BY(mu_) = true;
+  bool peer_holds_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_claims_ ABSL_GUARDED_BY(mu_) = false;
+  int claims_in_progress_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<size_t> batches_ ABSL_GUARDED_BY(mu_);  // claims per RecordChecksums call
+};
+
+// A peer transport that serves the test's file, or wrong bytes.
+class FakeTransport : public transport::BlockTransport {
+ public:
+  explicit FakeTransport(const std::string* content) : content_(content) {}
+  const char* name() const override { return "fake"; }
+  absl::Status Fetch(const std::string&, const BlockAddr& addr, uint64_t offset, uint32_t length,
+                     char* buf, transport::FetchInfo*) override {
+    fetches++;
+    std::memcpy(buf, content_->data() + addr.index * kBlock + offset, length);
+    if (corrupt) buf[0] ^= 1;
+    return absl::OkStatus();
+  }
+  std::atomic<int> fetches{0};
+  std::atomic<bool> corrupt{false};
+
+ private:
+  const std::string* content_;
+};
+
+std::string Gather(const ReadResult& r) {
+  std::string out;
+  for (const auto& s : r.segments) {
+    if (s.fd >= 0) {
+      std::string part(s.len, '\0');
+      EXPECT_EQ(pread(s.fd, part.data(), s.len, static_cast<off_t>(s.pos)),
+                static_cast<ssize_t>(s.len));
+      out += part;
+    } else {
+      out += s.mem->view().substr(s.mem_off, s.len);
+    }
+  }
+  return out;
+}
+
+class ReadPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    content_.resize(5 * kBlock + 123);
+    for (size_t i = 0; i < content_.size(); i++) content_[i] = static_cast<char>(i * 7 + i / 977);
+    origin_.files["d/f.bin"] = content_;
+    Open();
+  }
+  // (Re)starts the read path over the cache dir; with_peers: misses ask the fake peer first.
+  void Open(bool with_peers = false) {
+    read_path_.reset();
+    peers_.reset();
+    cache_.reset();
+    BlockCache::Options o;
+    o.dir = dir_.path();
+    o.capacity_bytes = 100 * kBlock;
+    o.expected_block_size = kBlock;
+    cache_ = std::move(*BlockCache::Open(o));
+    if (with_peers) {
+      PeerFetcher::Options po;
+      po.self_id = "me";
+      peers_ = std::make_unique<PeerFetcher>(&directory_, &transport_, &checksums_, po);
+    }
+    read_path_ = std::make_unique<ReadPath>(cache_.get(), &origin_, &checksums_,
+                                            ReadPath::Options{}, peers_.get());
+  }
+  FileRef Ref() {
+    FileRef r;
+    r.dataset_id = 1;
+    r.version = 1;
+    r.file_id = 4;
+    r.block_size = kBlock;
+    r.origin = {"/origin", "d/f.bin", content_.size(), 0};
+    r.dataset_name = "ds";
+    return r;
+  }
+  uint64_t SumOf(uint64_t index) {
+    std::string b = content_.substr(index * kBlock, kBlock);
+    return BlockChecksum(b.data(), b.size());
+  }
+
+  testing::TempDir dir_;
+  std::string content_;
+  FakeOrigin origin_;
+  FakeDirectory directory_;
+  FakeTransport transport_{&content_};
+  ChecksumBook checksums_{&directory_};
+  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<PeerFetcher> peers_;
+  std::unique_ptr<ReadPath> read_path_;
+};
+
+TEST_F(ReadPathTest, RangesAcrossBlocksAreExact) {
+  for (auto [off, len] : std::vector<std::pair<uint64_t, size_t>>{{0, 10},
+                                                                  {kBlock - 1, 2},
+                                                                  {kBlock, kBlock},
+                                                                  {3 * kBlock - 5, 2 * kBlock + 10},
+                                                                  {5 * kBlock, 1000},
+                                                                  {5 * kBlock + 122, 10},
+                                                                  {content_.size(), 10},
+                                                                  {0, 1 << 30}}) {
+    auto r = read_path_->Read(Ref(), off, len);
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::string want = off >= content_.size() ? "" : content_.substr(off, len);
+    EXPECT_EQ(Gather(*r), want) << off << "+" << len;
+    EXPECT_EQ(r->total, want.size());
+  }
+  EXPECT_EQ(origin_.reads, 6);  // every block filled once
+  auto s = read_path_->GetStats();
+  EXPECT_EQ(s.misses, 6u);
+  EXPECT_EQ(s.origin_block_reads, 6u);
+}
+
+TEST_F(ReadPathTest, ConcurrentReadersFillEachBlockOnce) {
+  origin_.delay_ms = 20;
+  std::vector<std::thread> readers;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 16; t++) {
+    readers.emplace_back([&] {
+      for (uint64_t off = 0; off < content_.size(); off += 8192) {
+        auto r = read_path_->Read(Ref(), off, 8192);
+        if (!r.ok() || Gather(*r) != content_.substr(off, 8192)) wrong++;
+      }
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(origin_.reads, 6);
+}
+
+TEST_F(ReadPathTest, CorruptCacheBlockIsDetectedAndRefetched) {
+  ASSERT_TRUE(read_path_->Read(Ref(), 0, content_.size()).ok());
+  std::string path = cache_->FilePath({1, 1, 4, 2});
+  Open();  // a restart: blocks are verified once on first use
+  int fd = open(path.c_str(), O_WRONLY);
+  char c = static_cast<char>(content_[2 * kBlock + 17] ^ 0x20);
+  ASSERT_EQ(pwrite(fd, &c, 1, 2 * kBlock + 17), 1);
+  close(fd);
+  int before = origin_.reads;
+  auto r = read_path_->Read(Ref(), 0, content_.size());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Gather(*r), content_);
+  EXPECT_EQ(origin_.reads, before + 1);  // only the corrupt block came again
+  EXPECT_EQ(cache_->GetStats().checksum_failures, 1u);
+  EXPECT_GE(read_path_->GetStats().hits, 5u);
+}
+
+TEST_F(ReadPathTest, OriginErrorsAreErrorsNotBytes) {
+  origin_.files.erase("d/f.bin");
+  auto r = read_path_->Read(Ref(), 0, 100);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  origin_.files["d/f.bin"] = content_ + "grown";
+  r = read_path_->Read(Ref(), 0, 100);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ReadPathTest, ASequentialReaderGetsTheNextBlocksFilledAhead) {
+  auto stream = read_path_->OpenStream(Ref());
+  ASSERT_TRUE(read_path_->Read(*stream, 0, 10).ok());
+  // The window (4 blocks) after the block being read.
+  EXPECT_TRUE(testing::WaitFor([&] { return cache_->Resident({1, 1, 4, 4}); }));
+  for (uint64_t i = 1; i <= 4; i++) EXPECT_TRUE(cache_->Resident({1, 1, 4, i})) << i;
+  EXPECT_FALSE(cache_->Resident({1, 1, 4, 5}));
+}
+
+TEST_F(ReadPathTest, HoldFileNeedsEveryBlockResident) {
+  EXPECT_TRUE(absl::IsNotFound(read_path_->HoldFile(Ref()).status()));
+  ASSERT_TRUE(read_path_->Read(Ref(), 0, content_.size()).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return cache_->GetStats().resident_blocks == 6; }));
+  auto backing = read_path_->HoldFile(Ref());
+  ASSERT_TRUE(backing.ok()) << backing.status();
+  std::string got(content_.size(), '\0');
+  ASSERT_EQ(pread(backing->fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, content_);  // the cache file is a plain copy of the file
+}
+
+// Origin bytes that differ from meta's checksum (learned by a Locate) are refused before anyone
+// gets them: the origin changed in place. Nothing is cached or claimed.
+TEST_F(ReadPathTest, OriginBytesThatDifferFromMetasChecksumAreRefused) {
+  Open(/*with_peers=*/true);
+  directory_.SetChecksum({1, 1, 4, 0}, SumOf(0) ^ 1);
+  auto r = read_path_->Read(Ref(), 0, 10);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_EQ(origin_.reads, 1);
+  EXPECT_FALSE(cache_->Resident({1, 1, 4, 0}));
+  EXPECT_TRUE(directory_.Batches().empty());
+  // A block whose checksum matches is served and not claimed again.
+  directory_.SetChecksum({1, 1, 4, 1}, SumOf(1));
+  ASSERT_TRUE(read_path_->Read(Ref(), kBlock, 10).ok());
+  EXPECT_TRUE(testing::WaitFor([&] { return cache_->Resident({1, 1, 4, 1}); }));
+  EXPECT_TRUE(directory_.Batches().empty());
+}
+
+// Write-behind claims the checksums of all fills queued while a claim is in flight in one call.
+TEST_F(ReadPathTest, ClaimsOfQueuedFillsGoInOneBatch) {
+  directory_.HoldClaims(true);
+  // Each of the two writer threads takes one fill and waits in its claim.
+  ASSERT_TRUE(read_path_->Read(Ref(), 0, 10).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return directory_.ClaimsInProgress() == 1; }));
+  ASSERT_TRUE(read_path_->Read(Ref(), kBlock, 10).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return directory_.ClaimsInProgress() == 2; }));
+  // The readers of the next four blocks are answered meanwhile; their writes queue up.
+  for (uint64_t i = 2; i < 6; i++) ASSERT_TRUE(read_path_->Read(Ref(), i * kBlock, 10).ok());
+  EXPECT_EQ(cache_->GetStats().resident_blocks, 0u);
+  directory_.HoldClaims(false);
+  ASSERT_TRUE(testing::WaitFor([&] { return cache_->GetStats().resident_blocks == 6; }));
+  // The two held claims, then the four queued fills in one batch (or two, when both writer
+  // threads wake at once and share them): never one call per fill.
+  const std::vector<size_t> batches = directory_.Batches();
+  ASSERT_GE(batches.size(), 3u);
+  EXPECT_LE(batches.size(), 4u);
+  EXPECT_EQ(batches[0], 1u);
+  EXPECT_EQ(batches[1], 1u);
+  size_t total = 0;
+  for (size_t b : batches) total += b;
+  EXPECT_EQ(total, 6u);
+  for (uint64_t i = 0; i < 6; i++) {
+    EXPECT_EQ(directory_.Checksum({1, 1, 4, i}),
+              BlockChecksum(content_.data() + i * kBlock,
+                            std::min(kBlock, content_.size() - i * kBlock)));
+  }
+}
+
+// A claim that conflicts with meta's checksum keeps the block out of the cache, and later reads
+// (and prefetches) of it fail. The first reader got the origin's bytes: they went out before
+// the claim, as an uncached read would have.
+TEST_F(ReadPathTest, ConflictingClaimKeepsTheBlockOutAndLaterReadsFail) {
+  const BlockAddr a{1, 1, 4, 3};
+  directory_.SetChecksum(a, SumOf(3) ^ 1);
+  ASSERT_TRUE(read_path_->Read(Ref(), 3 * kBlock, 10).ok());
+  // Until the claim is answered, readers get the filled bytes from memory; then none.
+  ASSERT_TRUE(testing::WaitFor([&] { return !read_path_->Read(Ref(), 3 * kBlock, 10).ok(); }));
+  EXPECT_TRUE(checksums_.Conflicting(a));
+  EXPECT_FALSE(cache_->Resident(a));
+  auto r = read_path_->Read(Ref(), 3 * kBlock, 10);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  // A prefetch waits for the cache write, so it sees the conflict of its own fill too.
+  directory_.SetChecksum({1, 1, 4, 4}, SumOf(4) ^ 1);
+  auto src = read_path_->MakeResident(Ref(), 4, true, {});
+  EXPECT_EQ(src.status().code(), absl::StatusCode::kFailedPrecondition) << src.status();
+  EXPECT_FALSE(cache_->Resident({1, 1, 4, 4}));
+  // Other blocks are unaffected.
+  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, true, {}).value(), ReadPath::Source::kOrigin);
+  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, true, {}).value(), ReadPath::Source::kResident);
+}
+
+// With meta unreachable the reads go on and the blocks are cached; the claims wait in the book
+// and are recorded when it returns. One that conflicts then is dropped from the cache.
+TEST_F(ReadPathTest, ClaimsWaitWhileMetaIsAwayAndAreRetried) {
+  directory_.SetReachable(false);
+  auto r = read_path_->Read(Ref(), 0, content_.size());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Gather(*r), content_);
+  ASSERT_TRUE(testing::WaitFor([&] { return cache_->GetStats().resident_blocks == 6; }));
+  read_path_->FlushPendingChecksums();  // still away: they wait on
+  EXPECT_FALSE(directory_.Checksum({1, 1, 4, 0}));
+  directory_.SetReachable(true);
+  directory_.SetChecksum({1, 1, 4, 1}, SumOf(1) ^ 1);  // another node claimed first, differently
+  read_path_->FlushPendingChecksums();
+  EXPECT_EQ(directory_.Checksum({1, 1, 4, 0}), SumOf(0));
+  EXPECT_EQ(directory_.Checksum({1, 1, 4, 2}), SumOf(2));
+  EXPECT_FALSE(cache_->Resident({1, 1, 4, 1}));
+  EXPECT_TRUE(cache_->Resident({1, 1, 4, 2}));
+  EXPECT_TRUE(checksums_.Conflicting({1, 1, 4, 1}));
+  read_path_->FlushPendingChecksums();  // nothing left
+  EXPECT_EQ(directory_.Batches().size(), 1u);
+}
+
+// A peer's bytes are used only when they match meta's checksum; else the origin is read.
+TEST_F(ReadPathTest, PeerBytesMustMatchMetasChecksum) {
+  Open(/*with_peers=*/true);
+  directory_.SetPeerHolds(true);
+  directory_.SetChecksum({1, 1, 4, 0}, SumOf(0));
+  directory_.SetChecksum({1, 1, 4, 1}, SumOf(1));
+  auto r = read_path_->Read(Ref(), 0, 10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Gather(*r), content_.substr(0, 10));
+  EXPECT_EQ(origin_.reads, 0);
+  EXPECT_EQ(read_path_->GetStats().peer_fetches, 1u);
+  transport_.corrupt = true;
+  r = read_path_->Read(Ref(), kBlock, 10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Gather(*r), content_.substr(kBlock, 10));
+  EXPECT_EQ(origin_.reads, 1);  // the peer's bytes were refused
+  EXPECT_EQ(read_path_->GetStats().peer_errors, 1u);
+  // Without meta's checksum a peer cannot be checked: the origin is read and the checksum
+  // claimed.
+  transport_.corrupt = false;
+  ASSERT_TRUE(read_path_->Read(Ref(), 2 * kBlock, 10).ok());
+  EXPECT_EQ(origin_.reads, 2);
+  EXPECT_TRUE(testing::WaitFor([&] { return directory_.Checksum({1, 1, 4, 2}).has_value(); }));
+}
+
+}  // namespace
+}  // namespace ember::cachefs

@@ -1,0 +1,77 @@
+#include "cachefs/fetch/readahead.h"
+
+#include <algorithm>
+
+namespace ember::cachefs {
+namespace {
+constexpr size_t kMaxQueuedReadahead = 64;
+}
+
+std::pair<uint64_t, int> ReadStream::Advance(uint64_t offset, size_t size, int window) {
+  const uint64_t bs = file_.block_size;
+  absl::MutexLock lock(&mu_);
+  const bool sequential = offset == next_offset_;
+  next_offset_ = offset + size;
+  const uint64_t next_block = (offset + size + bs - 1) / bs;
+  if (!sequential || window <= 0 || next_block + window <= readahead_next_) return {0, 0};
+  const uint64_t first = std::max(next_block, readahead_next_);
+  readahead_next_ = next_block + window;
+  if (first == 0) return {0, 0};  // an empty read at offset 0: nothing crossed
+  return {first, static_cast<int>(readahead_next_ - first)};
+}
+
+Readahead::Readahead(BlockCache* cache, SingleFlight* inflight, PeerFetcher* peers, int threads,
+                     FillFn fill)
+    : cache_(cache), inflight_(inflight), peers_(peers), fill_(std::move(fill)) {
+  for (int i = 0; i < threads; i++) workers_.emplace_back([this] { Worker(); });
+}
+
+Readahead::~Readahead() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  cv_.SignalAll();
+  for (auto& t : workers_) t.join();
+}
+
+void Readahead::Queue(const FileRef& file, uint64_t first, int count) {
+  // What is resident or in flight is looked at before taking the queue's lock (a block that
+  // turns resident meanwhile is skipped by the worker).
+  std::vector<uint64_t> wanted;
+  const uint64_t blocks = file.Blocks();
+  for (uint64_t i = first; i < first + count && i < blocks; i++) {
+    if (wanted.size() >= kMaxQueuedReadahead) break;
+    const BlockAddr addr = file.Block(i);
+    if (!cache_->Resident(addr) && !inflight_->InFlight(addr)) wanted.push_back(i);
+  }
+  std::vector<BlockAddr> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t i : wanted) {
+      if (queue_.size() >= kMaxQueuedReadahead) break;
+      queue_.emplace_back(file, i);
+      queued.push_back(file.Block(i));
+    }
+  }
+  cv_.SignalAll();
+  // One Locate for the whole readahead window.
+  if (peers_ != nullptr && !queued.empty()) peers_->LocateAhead(queued);
+}
+
+void Readahead::Worker() {
+  while (true) {
+    std::pair<FileRef, uint64_t> job;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (cache_->Resident(job.first.Block(job.second))) continue;
+    fill_(job.first, job.second);
+  }
+}
+
+}  // namespace ember::cachefs

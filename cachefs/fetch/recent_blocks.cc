@@ -1,0 +1,28 @@
+#include "cachefs/fetch/recent_blocks.h"
+
+namespace ember::cachefs {
+
+std::shared_ptr<const BlockBuffer> RecentBlocks::Get(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = recent_.begin(); it != recent_.end(); ++it) {
+    if (it->addr == addr) {
+      recent_.splice(recent_.begin(), recent_, it);
+      return recent_.front().data;
+    }
+  }
+  return nullptr;
+}
+
+void RecentBlocks::Erase(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  recent_.remove_if([&](const Recent& r) { return r.addr == addr; });
+}
+
+void RecentBlocks::Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data) {
+  if (keep_ == 0) return;
+  absl::MutexLock lock(&mu_);
+  recent_.push_front({addr, std::move(data)});
+  if (recent_.size() > keep_) recent_.pop_back();
+}
+
+}  // namespace ember::cachefs

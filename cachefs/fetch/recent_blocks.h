@@ -1,0 +1,39 @@
+// RecentBlocks: the last blocks filled, kept in memory (the readahead window plus a couple). The
+// kernel's many small reads of a block just filled are served from here rather than re-read from
+// the cache file, and a block the cache did not admit (policy, full disk) is fetched once.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "cachefs/cache/block_buffer.h"
+#include "common/ids.h"
+
+namespace ember::cachefs {
+
+class RecentBlocks {
+ public:
+  // Keeps the last `keep` blocks put (0: none).
+  explicit RecentBlocks(size_t keep) : keep_(keep) {}
+
+  // Returns: the block's bytes (and makes it the newest), or nullptr.
+  std::shared_ptr<const BlockBuffer> Get(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
+  void Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data) ABSL_LOCKS_EXCLUDED(mu_);
+  void Erase(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Recent {
+    BlockAddr addr;
+    std::shared_ptr<const BlockBuffer> data;
+  };
+  const size_t keep_;
+  absl::Mutex mu_;
+  std::list<Recent> recent_ ABSL_GUARDED_BY(mu_);  // front = newest
+};
+
+}  // namespace ember::cachefs

@@ -1,0 +1,222 @@
+#include "cachefs/fuse/open_files.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "cachefs/fuse/errno.h"
+#include "cachefs/fuse/kernel_protocol.h"
+#include "cachefs/fuse/supervisor.h"
+
+namespace ember::cachefs {
+namespace {
+
+// FUSE_DEV_IOC_BACKING_OPEN / _CLOSE (7.40): register a backing file for passthrough.
+struct BackingMap {
+  int32_t fd;
+  uint32_t flags;
+  uint64_t padding;
+};
+constexpr unsigned long kIocBackingOpen = _IOW(229, 1, BackingMap);
+constexpr unsigned long kIocBackingClose = _IOW(229, 2, uint32_t);
+
+}  // namespace
+
+OpenFiles::OpenFiles(FileSystem* fs, int fuse_fd, bool direct_io)
+    : fs_(fs), fuse_fd_(fuse_fd), direct_io_(direct_io) {}
+
+void OpenFiles::SetNegotiated(bool passthrough, bool direct_io_mmap) {
+  passthrough_ = passthrough;
+  direct_io_mmap_ = direct_io_mmap;
+}
+
+void OpenFiles::SetSupervisor(int sock) {
+  absl::MutexLock lock(&mu_);
+  supervisor_ = sock;
+}
+
+size_t OpenFiles::Restore(const KernelFuseState& state) {
+  // Re-derive what the predecessor held: a FileSystem handle per open file, and the holds of
+  // every file the kernel reads through a backing file (they must not be evicted meanwhile).
+  std::unordered_map<uint64_t, OpenRecord> opens;
+  std::unordered_map<uint64_t, Inode> inodes;
+  size_t held = 0;
+  for (const auto& f : state.open_files) {
+    OpenRecord o;
+    o.ino = f.ino;
+    o.passthrough = f.passthrough;
+    Inode& in = inodes[f.ino];
+    if (f.passthrough) {
+      in.passthrough_opens++;
+      auto it = state.backing_ids.find(f.ino);
+      if (it != state.backing_ids.end()) in.backing_id = it->second;
+      if (!in.hold) {
+        auto b = fs_->OpenBacking(f.ino);
+        if (b.ok()) {
+          in.hold = b->hold;
+          held++;
+        } else {
+          spdlog::error("takeover: cannot hold the blocks of open file (inode {}): {}", f.ino,
+                        std::string(b.status().message()));
+        }
+      }
+    } else {
+      in.cached_opens++;
+      auto h = fs_->Open(f.ino, O_RDONLY);
+      if (h.ok()) o.handle = std::move(*h);  // else Read goes on without per-file state
+    }
+    opens[f.fh] = std::move(o);
+  }
+  absl::MutexLock lock(&mu_);
+  opens_ = std::move(opens);
+  inodes_ = std::move(inodes);
+  next_fh_ = state.next_fh;
+  return held;
+}
+
+int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
+  auto h = fs_->Open(ino, flags);
+  if (!h.ok()) return ToErrno(h.status());
+  std::shared_ptr<FileSystem::FileHandle> handle = std::move(*h);
+  // Passthrough while no open file of this inode goes through us (the kernel refuses to mix the
+  // two on one inode), and only for files whose blocks are all resident (then held). Holding
+  // (and verifying after a restart) happens outside the lock.
+  bool try_backing;
+  {
+    absl::MutexLock lock(&mu_);
+    const Inode& in = inodes_[ino];
+    try_backing = passthrough_ && in.cached_opens == 0 && in.backing_id == 0;
+  }
+  absl::StatusOr<FileSystem::Backing> backing = absl::NotFoundError("not tried");
+  if (try_backing) backing = fs_->OpenBacking(ino);
+  std::shared_ptr<FileSystem::FileHandle> unused;  // released after the lock
+  absl::MutexLock lock(&mu_);
+  Inode& in = inodes_[ino];
+  OpenRecord o;
+  o.ino = ino;
+  if (passthrough_ && in.cached_opens == 0) {
+    if (in.backing_id == 0 && backing.ok()) {
+      BackingMap map{backing->fd, 0, 0};
+      int id = ioctl(fuse_fd_, kIocBackingOpen, &map);
+      if (id > 0) {
+        in.backing_id = id;
+        in.hold = backing->hold;
+      } else {
+        spdlog::warn("fuse: passthrough unavailable ({}); reads go through the daemon",
+                     strerror(errno));
+        passthrough_ = false;
+      }
+    }
+    if (in.backing_id > 0) {
+      o.passthrough = true;
+      in.passthrough_opens++;
+      out->open_flags = FOPEN_PASSTHROUGH;
+      out->backing_id = in.backing_id;
+    }
+  }
+  if (!o.passthrough) {
+    in.cached_opens++;
+    // Contents never change: later opens keep the page cache. With --direct-io (and
+    // passthrough, so cached files still get a page cache: their backing file's), a file not
+    // yet wholly cached is read without the mount's page cache: the reply lands in the reader's
+    // buffer. Off by default: it also turns off the kernel's readahead, so a reader with 4-8 KiB
+    // reads makes one round trip per read. Needs the kernel's mmap support for such files.
+    out->open_flags =
+        direct_io_ && passthrough_ && direct_io_mmap_ ? FOPEN_DIRECT_IO : FOPEN_KEEP_CACHE;
+    o.handle = std::move(handle);
+    daemon_opens_++;
+  } else {
+    unused = std::move(handle);  // the kernel reads the backing file; no handle needed here
+    passthrough_opens_++;
+  }
+  const bool passthrough = o.passthrough;
+  out->fh = next_fh_++;
+  opens_[out->fh] = std::move(o);
+  if (supervisor_ >= 0) {
+    // Every open: a successor must know which inodes the kernel has open through us, as it
+    // refuses passthrough opens of those.
+    SendOpenUpdate(supervisor_, true, {out->fh, ino, passthrough}, in.backing_id);
+  }
+  return 0;
+}
+
+std::shared_ptr<FileSystem::FileHandle> OpenFiles::Handle(uint64_t fh) {
+  absl::MutexLock lock(&mu_);
+  auto it = opens_.find(fh);
+  return it == opens_.end() ? nullptr : it->second.handle;
+}
+
+void OpenFiles::Release(uint64_t fh) {
+  std::shared_ptr<const void> unhold;              // released after the lock
+  std::shared_ptr<FileSystem::FileHandle> handle;  // likewise
+  absl::MutexLock lock(&mu_);
+  auto it = opens_.find(fh);
+  if (it == opens_.end()) return;
+  OpenRecord o = std::move(it->second);
+  opens_.erase(it);
+  handle = std::move(o.handle);
+  if (supervisor_ >= 0) SendOpenUpdate(supervisor_, false, {fh, o.ino, o.passthrough}, 0);
+  auto in = inodes_.find(o.ino);
+  if (in == inodes_.end()) return;
+  if (o.passthrough) {
+    if (--in->second.passthrough_opens == 0) {
+      CloseBacking(in->second.backing_id);
+      unhold = std::move(in->second.hold);
+      in->second.backing_id = 0;
+    }
+  } else if (in->second.cached_opens > 0) {
+    in->second.cached_opens--;
+  }
+  if (in->second.passthrough_opens == 0 && in->second.cached_opens == 0) inodes_.erase(in);
+}
+
+void OpenFiles::CloseBacking(int32_t id) {
+  if (id <= 0) return;
+  uint32_t v = static_cast<uint32_t>(id);
+  if (ioctl(fuse_fd_, kIocBackingClose, &v) != 0) {
+    spdlog::debug("fuse: closing backing id {}: {}", id, strerror(errno));
+  }
+}
+
+void OpenFiles::CloseAllBacking() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [ino, in] : inodes_) CloseBacking(in.backing_id);
+}
+
+void OpenFiles::Snapshot(KernelFuseState* s) {
+  absl::MutexLock lock(&mu_);
+  SnapshotLocked(s);
+}
+
+void OpenFiles::SnapshotLocked(KernelFuseState* s) {
+  s->next_fh = next_fh_;
+  for (const auto& [fh, o] : opens_) s->open_files.push_back({fh, o.ino, o.passthrough});
+  for (const auto& [ino, in] : inodes_) {
+    if (in.backing_id > 0) s->backing_ids[ino] = in.backing_id;
+  }
+}
+
+absl::Status OpenFiles::ReportState(KernelFuseState state) {
+  absl::MutexLock lock(&mu_);
+  if (supervisor_ < 0) return absl::OkStatus();
+  SnapshotLocked(&state);
+  return SendStateMessage(supervisor_, state);
+}
+
+OpenFiles::Stats OpenFiles::GetStats() {
+  Stats s;
+  s.passthrough = passthrough_;
+  s.passthrough_opens = passthrough_opens_;
+  s.daemon_opens = daemon_opens_;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [ino, in] : inodes_) {
+    if (in.backing_id > 0) s.passthrough_files_open++;
+  }
+  return s;
+}
+
+}  // namespace ember::cachefs

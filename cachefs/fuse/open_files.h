@@ -1,0 +1,108 @@
+// OpenFiles: the kernel binding's table of open files, the one table of them on the node: per
+// file handle (fh) the inode, the FileSystem's handle (its per-file read state) and whether the
+// kernel reads it through passthrough; per inode its open counts and passthrough backing.
+//
+// Passthrough (Linux 6.9+): a file whose blocks are all resident is opened with its cache file
+// as backing file (FileSystem::OpenBacking holds every block), so the kernel reads it directly
+// with no request to this process. The hold lasts until the inode's last passthrough open is
+// released, so eviction never punches a range the kernel reads. The kernel refuses to mix
+// cached and passthrough opens of one inode: an inode with a daemon-served open stays served by
+// the daemon until that closes.
+//
+// Under a supervisor (supervisor.h) every open and release is reported to it.
+//
+// Thread-safe; one mutex. FileSystem calls (Open, OpenBacking) and the destruction of handles
+// and holds happen outside it. Under it: the backing ioctls on /dev/fuse, and the reports to
+// the supervisor: they are sent in the order the table changed, which a successor's copy must
+// follow (a release reported before its open would leave a stale open behind). Such a send
+// waits only while the supervisor's socket buffer is full, which its loop drains at least every
+// 100 ms; if the supervisor is gone it fails at once (EPIPE).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "cachefs/filesystem.h"
+#include "cachefs/fuse/mount_state.h"
+
+namespace ember::cachefs {
+
+class OpenFiles {
+ public:
+  // `fuse_fd`: the mount's /dev/fuse (for backing ioctls). `direct_io`: MountOptions::direct_io.
+  // The FileSystem must outlive this.
+  OpenFiles(FileSystem* fs, int fuse_fd, bool direct_io);
+
+  // What INIT negotiated (or the predecessor's INIT, after a takeover). `passthrough`: new opens
+  // of resident files may use passthrough.
+  void SetNegotiated(bool passthrough, bool direct_io_mmap);
+  // Continues a predecessor's open files (takeover): a FileSystem handle per file served by the
+  // daemon, and the blocks of every passthrough file held again. Returns: how many passthrough
+  // files were held.
+  size_t Restore(const KernelFuseState& state) ABSL_LOCKS_EXCLUDED(mu_);
+  // Reports opens and releases to a supervisor on `sock` from now on.
+  void SetSupervisor(int sock) ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Opened {
+    uint64_t fh = 0;
+    uint32_t open_flags = 0;
+    int32_t backing_id = 0;
+  };
+  // Opens `ino` for reading. Returns: 0 and *out, or the errno to answer.
+  int Open(uint64_t ino, int flags, Opened* out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns: the FileSystem's handle of an open file; nullptr if the file is unknown or read
+  // through passthrough.
+  std::shared_ptr<FileSystem::FileHandle> Handle(uint64_t fh) ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(uint64_t fh) ABSL_LOCKS_EXCLUDED(mu_);
+  // Unregisters every backing file from the kernel (the mount is ending, not handed over).
+  void CloseAllBacking() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Adds next_fh, open_files and backing_ids to `state`.
+  void Snapshot(KernelFuseState* state) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends `state` with this table's part to the supervisor (under the lock: no open or release
+  // is reported before it). Returns: Ok (also without a supervisor); Unavailable.
+  absl::Status ReportState(KernelFuseState state) ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Stats {
+    bool passthrough = false;  // negotiated and not disabled by a failure
+    uint64_t passthrough_opens = 0;
+    uint64_t daemon_opens = 0;
+    uint64_t passthrough_files_open = 0;  // inodes with a backing file now
+  };
+  Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Inode {
+    int32_t backing_id = 0;
+    uint32_t passthrough_opens = 0;    // open files reading through the backing file
+    uint32_t cached_opens = 0;         // open files served by this process
+    std::shared_ptr<const void> hold;  // the file's blocks, while backing_id is set
+  };
+  struct OpenRecord {
+    uint64_t ino = 0;
+    std::shared_ptr<FileSystem::FileHandle> handle;  // daemon-served opens
+    bool passthrough = false;
+  };
+  void CloseBacking(int32_t id);
+  void SnapshotLocked(KernelFuseState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  FileSystem* const fs_;
+  const int fuse_fd_;
+  const bool direct_io_;
+  std::atomic<bool> passthrough_{false};  // new opens of resident files use passthrough
+  std::atomic<bool> direct_io_mmap_{false};
+  std::atomic<uint64_t> passthrough_opens_{0}, daemon_opens_{0};
+
+  absl::Mutex mu_;
+  std::unordered_map<uint64_t, OpenRecord> opens_ ABSL_GUARDED_BY(mu_);  // by fh
+  std::unordered_map<uint64_t, Inode> inodes_ ABSL_GUARDED_BY(mu_);      // inodes with opens
+  uint64_t next_fh_ ABSL_GUARDED_BY(mu_) = 1;
+  int supervisor_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+}  // namespace ember::cachefs
