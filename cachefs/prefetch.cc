@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachefs/dataset_fs.h"
+#include "common/units.h"
 
 namespace ember::cachefs {
 namespace {
@@ -16,11 +17,6 @@ constexpr size_t kMaxFailures = 20;
 constexpr auto kReportEvery = std::chrono::milliseconds(500);
 constexpr auto kRetryDelay = std::chrono::milliseconds(50);
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 bool Under(const std::string& path, const std::string& sel) {
   return sel.empty() || path == sel ||
@@ -236,7 +232,7 @@ void PrefetchRunner::Run(Running* r) {
         } else if (*src == ReadPath::Source::kPeer) {
           progress.set_bytes_from_peers(progress.bytes_from_peers() + len);
         }
-        if (pin_until > NowMs()) {
+        if (pin_until > NowUnixMs()) {
           cache_->SetPin({ref.dataset_id, ref.version, ref.file_id, b.index}, pin_until);
         }
       }

@@ -24,4 +24,11 @@ absl::StatusOr<std::chrono::milliseconds> ParseDuration(std::string_view text);
 // "1.5 GiB", "112.0 KiB", "17 B".
 std::string FormatBytes(uint64_t bytes);
 
+// Wall-clock milliseconds since the Unix epoch (what records, pins and events carry).
+inline int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace ember

@@ -7,19 +7,14 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "origin/origin.h"
 #include "common/ids.h"
 #include "common/status.h"
+#include "common/units.h"
 #include "meta/manifest.h"
+#include "origin/origin.h"
 
 namespace ember::meta {
 namespace {
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Pulls entries of a stored manifest version in id order (= ComparePaths order), with paths.
 class StoredStream {
@@ -81,7 +76,8 @@ absl::Status DatasetCatalog::Load() {
 void DatasetCatalog::PutLocked(const rpc::Dataset& ds) {
   by_name_[ds.name()] = ds;
   name_by_id_[ds.id()] = ds.name();
-  for (auto it = bounds_.lower_bound({ds.id(), 0}); it != bounds_.end() && it->first.first == ds.id();) {
+  for (auto it = bounds_.lower_bound({ds.id(), 0});
+       it != bounds_.end() && it->first.first == ds.id();) {
     it = bounds_.erase(it);
   }
   const uint64_t bs = std::max<uint64_t>(ds.block_size(), 1);
@@ -116,7 +112,8 @@ std::vector<rpc::Dataset> DatasetCatalog::List() {
 absl::StatusOr<rpc::Dataset> DatasetCatalog::Get(const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = by_name_.find(name);
-  if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("unknown dataset '", name, "'"));
+  if (it == by_name_.end())
+    return absl::NotFoundError(absl::StrCat("unknown dataset '", name, "'"));
   return it->second;
 }
 
@@ -124,7 +121,8 @@ absl::StatusOr<rpc::Dataset> DatasetCatalog::Resolve(const rpc::GetDatasetReques
   if (!req.name().empty()) return Get(req.name());
   absl::MutexLock lock(&mu_);
   auto id = name_by_id_.find(req.id());
-  if (id == name_by_id_.end()) return absl::NotFoundError(absl::StrCat("unknown dataset id ", req.id()));
+  if (id == name_by_id_.end())
+    return absl::NotFoundError(absl::StrCat("unknown dataset id ", req.id()));
   return by_name_.at(id->second);
 }
 
@@ -176,16 +174,15 @@ absl::StatusOr<rpc::DatasetProgress> DatasetCatalog::Add(const rpc::AddDatasetRe
   RETURN_IF_ERROR(ValidateDatasetName(req.name()));
   // Object stores: larger default blocks (fewer, larger ranged GETs; requests are what they
   // charge and what costs their servers CPU). See docs/benchmarks.md, "Remote origins".
-  const uint64_t block_size = req.block_size() != 0                   ? req.block_size()
+  const uint64_t block_size = req.block_size() != 0                  ? req.block_size()
                               : origin::IsRemoteOrigin(req.origin()) ? 4 * kDefaultBlockSize
-                                                                      : kDefaultBlockSize;
+                                                                     : kDefaultBlockSize;
   RETURN_IF_ERROR(ValidateBlockSize(block_size));
   ASSIGN_OR_RETURN(std::string uri, origin::NormalizeOrigin(req.origin()));
   absl::MutexLock writer(&writer_mu_);
   if (auto existing = Get(req.name()); existing.ok()) {
-    return absl::AlreadyExistsError(absl::StrCat("dataset '", req.name(),
-                                                 "' already exists (origin ", existing->origin(),
-                                                 ")"));
+    return absl::AlreadyExistsError(absl::StrCat(
+        "dataset '", req.name(), "' already exists (origin ", existing->origin(), ")"));
   }
   ASSIGN_OR_RETURN(uint32_t id, store_->AllocateDatasetId());
   ASSIGN_OR_RETURN(rpc::VersionInfo v, ScanVersion(uri, id, 1, progress));
@@ -397,8 +394,8 @@ absl::StatusOr<DatasetCatalog::Selection> DatasetCatalog::SelectPaths(
   }));
   for (size_t i = 0; i < paths.size(); i++) {
     if (!seen[i] && !paths[i].empty()) {
-      return absl::NotFoundError(absl::StrCat("no path '", paths[i], "' in dataset '", ds.name(),
-                                              "' version ", version));
+      return absl::NotFoundError(
+          absl::StrCat("no path '", paths[i], "' in dataset '", ds.name(), "' version ", version));
     }
   }
   return sel;

@@ -48,8 +48,7 @@ class DatasetCatalog {
   absl::StatusOr<rpc::DatasetProgress> Add(const rpc::AddDatasetRequest& req,
                                            const ProgressFn& progress);
   // Rescans; makes version N+1 only if something changed. Returns: as Add, NotFound.
-  absl::StatusOr<rpc::DatasetProgress> Refresh(const std::string& name,
-                                               const ProgressFn& progress);
+  absl::StatusOr<rpc::DatasetProgress> Refresh(const std::string& name, const ProgressFn& progress);
   // Removes a dataset (version 0) or one version that is not the latest; returns the dataset id
   // so the caller can forget its locations. Returns: NotFound; FailedPrecondition (the latest
   // version); the store's errors.
@@ -63,7 +62,7 @@ class DatasetCatalog {
   // The dataset and the version a request names (0 = latest). Returns: NotFound (no such
   // dataset, or no such version of it).
   absl::StatusOr<std::pair<rpc::Dataset, uint32_t>> ResolveVersion(const std::string& name,
-                                                                    uint32_t version);
+                                                                   uint32_t version);
   // One page of a version's manifest. Returns: NotFound; the store's errors.
   absl::Status ListManifest(const rpc::ListManifestRequest& req, rpc::ListManifestResponse* resp);
 

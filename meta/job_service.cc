@@ -10,15 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/units.h"
 
 namespace ember::meta {
 namespace {
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 void Event(rpc::Job* j, const std::string& what) {
   j->add_events(absl::StrCat(NowUnixMs(), " ", what));
@@ -390,9 +385,8 @@ void JobService::Pass(bool full) {
         };
         auto target = PlaceOne(j.spec().gpus_per_worker(), nodes, locality, old);
         if (!target) continue;  // no room yet; try again next pass
-        const int64_t died = old != nullptr
-                                 ? view.last_heartbeat_unix_ms[old->slot] + view.lease_ms
-                                 : NowUnixMs();
+        const int64_t died =
+            old != nullptr ? view.last_heartbeat_unix_ms[old->slot] + view.lease_ms : NowUnixMs();
         const std::string from = w.node_id();
         const uint32_t index = w.index();
         rpc::Job next = j;

@@ -84,8 +84,7 @@ class JobService {
   rpc::Job* FindLocked(const std::string& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_. Places a queued job if its gang fits; the placement is stored before it is
   // applied. Returns true if placed.
-  bool TryPlaceLocked(rpc::Job* j, const FractionMap& fractions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TryPlaceLocked(rpc::Job* j, const FractionMap& fractions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_. Writes `next` and makes it the job's state. Returns the store's status.
   absl::Status CommitLocked(rpc::Job* j, rpc::Job next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

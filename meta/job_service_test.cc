@@ -17,8 +17,8 @@ class JobServiceTest : public StoreFixture {
           prefetches(store, &catalog, &nodes),
           jobs(store, &catalog, &nodes, &locations, &prefetches) {}
     absl::Status Load() {
-      for (absl::Status st : {catalog.Load(), nodes.Load(), locations.Load(), prefetches.Load(),
-                              jobs.Load()}) {
+      for (absl::Status st :
+           {catalog.Load(), nodes.Load(), locations.Load(), prefetches.Load(), jobs.Load()}) {
         if (!st.ok()) return st;
       }
       return absl::OkStatus();
@@ -52,8 +52,8 @@ TEST_F(JobServiceTest, PlacesWhereTheDataIsQueuesAndFreesGpus) {
   Register(&u, "n1", 8);
   Register(&u, "n2", 8);
   // n2 holds the big file: the job goes there.
-  ASSERT_TRUE(u.locations.Apply("n2", true, {{{ds.id(), 1, 4}, std::string(1, '\x0f')}}, {}, {})
-                  .ok());
+  ASSERT_TRUE(
+      u.locations.Apply("n2", true, {{{ds.id(), 1, 4}, std::string(1, '\x0f')}}, {}, {}).ok());
   auto fr = u.jobs.Fractions("imgs");
   ASSERT_TRUE(fr.has_value());
   EXPECT_GT((*fr)["n2"], 0.99);

@@ -6,9 +6,8 @@
 
 namespace ember::meta {
 
-absl::Status ComputeLocality(DatasetCatalog* catalog, NodeRegistry* nodes,
-                             LocationIndex* locations, const rpc::LocalityRequest& req,
-                             rpc::LocalityResponse* resp) {
+absl::Status ComputeLocality(DatasetCatalog* catalog, NodeRegistry* nodes, LocationIndex* locations,
+                             const rpc::LocalityRequest& req, rpc::LocalityResponse* resp) {
   ASSIGN_OR_RETURN(auto dv, catalog->ResolveVersion(req.dataset(), req.version()));
   const auto& [ds, version] = dv;
   ASSIGN_OR_RETURN(auto sizes, catalog->Sizes(ds.id(), version));

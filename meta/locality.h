@@ -14,8 +14,7 @@
 namespace ember::meta {
 
 // Returns: Ok; NotFound (dataset or version); the store's errors reading the manifest.
-absl::Status ComputeLocality(DatasetCatalog* catalog, NodeRegistry* nodes,
-                             LocationIndex* locations, const rpc::LocalityRequest& req,
-                             rpc::LocalityResponse* resp);
+absl::Status ComputeLocality(DatasetCatalog* catalog, NodeRegistry* nodes, LocationIndex* locations,
+                             const rpc::LocalityRequest& req, rpc::LocalityResponse* resp);
 
 }  // namespace ember::meta

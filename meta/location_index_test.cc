@@ -31,7 +31,8 @@ TEST_F(LocationIndexTest, ReportsLocateAndResidentBytesAgree) {
   const uint64_t g0 = index.generation();
   // n1: a full report with file 2 wholly resident; n2: file 2's last block, incrementally.
   ASSERT_TRUE(index.Apply("n1", true, {{{7, 1, 2}, std::string(1, '\x0f')}}, {}, {}).ok());
-  ASSERT_TRUE(index.Apply("n2", false, {}, {BlockAddr{7, 1, 2, 3}, BlockAddr{7, 1, 1, 0}}, {}).ok());
+  ASSERT_TRUE(
+      index.Apply("n2", false, {}, {BlockAddr{7, 1, 2, 3}, BlockAddr{7, 1, 1, 0}}, {}).ok());
   EXPECT_GT(index.generation(), g0);
 
   rpc::LocateResponse resp;

@@ -85,8 +85,7 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   p.checksums = std::make_unique<ChecksumLedger>(p.store.get());
   p.nodes = std::make_unique<NodeRegistry>(p.store.get(), options.lease);
   p.locations = std::make_unique<LocationIndex>(p.store.get());
-  p.prefetches =
-      std::make_unique<PrefetchJobs>(p.store.get(), p.catalog.get(), p.nodes.get());
+  p.prefetches = std::make_unique<PrefetchJobs>(p.store.get(), p.catalog.get(), p.nodes.get());
   p.jobs = std::make_unique<JobService>(p.store.get(), p.catalog.get(), p.nodes.get(),
                                         p.locations.get(), p.prefetches.get());
   RETURN_IF_ERROR(p.catalog->Load());
@@ -95,13 +94,12 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   RETURN_IF_ERROR(p.prefetches->Load());
   RETURN_IF_ERROR(p.jobs->Load());
   p.status = std::make_unique<StatusSurface>(options.listen, p.catalog.get(), p.nodes.get(),
-                                             p.locations.get(), p.prefetches.get(),
-                                             p.jobs.get());
+                                             p.locations.get(), p.prefetches.get(), p.jobs.get());
   p.status->RegisterMetrics();
-  p.service = std::make_unique<MetaService>(
-      MetaUnits{p.catalog.get(), p.checksums.get(), p.nodes.get(), p.locations.get(),
-                p.prefetches.get(), p.jobs.get()},
-      options.token);
+  p.service =
+      std::make_unique<MetaService>(MetaUnits{p.catalog.get(), p.checksums.get(), p.nodes.get(),
+                                              p.locations.get(), p.prefetches.get(), p.jobs.get()},
+                                    options.token);
   p.StartLoop();
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();

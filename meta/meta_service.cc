@@ -338,8 +338,7 @@ grpc::Status MetaService::SubmitJob(grpc::ServerContext* ctx, const rpc::JobSpec
   });
 }
 
-grpc::Status MetaService::GetJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
-                                 rpc::Job* resp) {
+grpc::Status MetaService::GetJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) {
   return Serve(ctx, "GetJob", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*resp, units_.jobs->Get(req->id()));
     return absl::OkStatus();

@@ -91,8 +91,7 @@ class MetaService final : public rpc::Meta::Service {
   grpc::Status GetJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override;
   grpc::Status ListJobs(grpc::ServerContext* ctx, const rpc::ListJobsRequest* req,
                         rpc::ListJobsResponse* resp) override;
-  grpc::Status CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
-                         rpc::Job* resp) override;
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override;
   grpc::Status CompleteJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
                            rpc::Job* resp) override;
 

@@ -6,15 +6,10 @@
 
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/units.h"
 
 namespace ember::meta {
 namespace {
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string Label(const rpc::Node& n, const char* key) {
   auto it = n.labels().find(key);

@@ -40,14 +40,14 @@ struct NodeInfo {
 };
 
 struct Membership {
-  uint64_t version = 0;           // changes whenever a node registers
-  std::vector<NodeInfo> nodes;    // by slot, sorted by id
+  uint64_t version = 0;                          // changes whenever a node registers
+  std::vector<NodeInfo> nodes;                   // by slot, sorted by id
   std::unordered_map<std::string, size_t> slot;  // id -> index in nodes
 };
 
 struct NodeView {
   std::shared_ptr<const Membership> members;
-  std::vector<bool> alive;  // by slot, at the time of the view
+  std::vector<bool> alive;                      // by slot, at the time of the view
   std::vector<int64_t> last_heartbeat_unix_ms;  // by slot
   int64_t lease_ms = 0;
 

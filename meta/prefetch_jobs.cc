@@ -8,15 +8,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/units.h"
 
 namespace ember::meta {
 namespace {
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 absl::Status Unknown(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("unknown prefetch '", id, "'"));
@@ -80,7 +75,8 @@ absl::StatusOr<rpc::PrefetchJob> PrefetchJobs::Start(const rpc::PrefetchSpec& in
     }
   } else {
     for (const auto& id : in.nodes()) {
-      if (view.Find(id) == nullptr) return absl::NotFoundError(absl::StrCat("unknown node '", id, "'"));
+      if (view.Find(id) == nullptr)
+        return absl::NotFoundError(absl::StrCat("unknown node '", id, "'"));
       if (!view.Alive(id)) {
         return absl::FailedPreconditionError(absl::StrCat("node '", id, "' is dead"));
       }
@@ -112,10 +108,9 @@ absl::StatusOr<rpc::PrefetchJob> PrefetchJobs::Start(const rpc::PrefetchSpec& in
       const uint64_t pinned = n.stats().pinned_bytes();
       const uint64_t room = n.capacity_bytes() > pinned ? n.capacity_bytes() - pinned : 0;
       if (per_node > room) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("cannot pin: node '", id, "' would need ", per_node,
-                         " bytes pinned but has room for ", room, " (capacity ",
-                         n.capacity_bytes(), ", already pinned ", pinned, ")"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot pin: node '", id, "' would need ", per_node, " bytes pinned but has room for ",
+            room, " (capacity ", n.capacity_bytes(), ", already pinned ", pinned, ")"));
       }
     }
   }

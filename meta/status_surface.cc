@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
+#include "common/units.h"
 #include "meta/locality.h"
 #include "meta/status_json.h"
 #include "meta/status_page.h"
@@ -13,17 +14,10 @@ namespace {
 
 constexpr const char* kMetricPrefixes[] = {"ember_meta_", "ember_scheduler_", "ember_prefetch_"};
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
-StatusSurface::StatusSurface(std::string meta_address, DatasetCatalog* catalog,
-                             NodeRegistry* nodes, LocationIndex* locations,
-                             PrefetchJobs* prefetches, JobService* jobs)
+StatusSurface::StatusSurface(std::string meta_address, DatasetCatalog* catalog, NodeRegistry* nodes,
+                             LocationIndex* locations, PrefetchJobs* prefetches, JobService* jobs)
     : meta_address_(std::move(meta_address)),
       catalog_(catalog),
       nodes_(nodes),
@@ -80,10 +74,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StatusSurface::Serve(const std::stri
     http.Post("/scheduler/filter", [this](const httplib::Request& req, httplib::Response& res) {
       res.set_content(ExtenderFilter(req.body, Extender()), "application/json");
     });
-    http.Post("/scheduler/prioritize",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                res.set_content(ExtenderPrioritize(req.body, Extender()), "application/json");
-              });
+    http.Post("/scheduler/prioritize", [this](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(ExtenderPrioritize(req.body, Extender()), "application/json");
+    });
     http.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(StatusPageHtml(), "text/html; charset=utf-8");
     });
@@ -128,14 +121,14 @@ std::string StatusSurface::StatusJson() {
     if (!ComputeLocality(catalog_, nodes_, locations_, req, &loc).ok()) continue;
     nlohmann::json fr = nlohmann::json::object();
     for (const auto& n : loc.nodes()) fr[n.node_id()] = n.fraction();
-    datasets.push_back({{"name", ds.name()},
-                        {"version", loc.version()},
-                        {"bytes", loc.dataset_bytes()},
-                        {"fractions", fr},
-                        {"anywhere", loc.dataset_bytes() > 0
-                                         ? static_cast<double>(loc.resident_anywhere_bytes()) /
-                                               static_cast<double>(loc.dataset_bytes())
-                                         : 0.0}});
+    datasets.push_back(
+        {{"name", ds.name()},
+         {"version", loc.version()},
+         {"bytes", loc.dataset_bytes()},
+         {"fractions", fr},
+         {"anywhere", loc.dataset_bytes() > 0 ? static_cast<double>(loc.resident_anywhere_bytes()) /
+                                                    static_cast<double>(loc.dataset_bytes())
+                                              : 0.0}});
   }
   nlohmann::json prefetches = nlohmann::json::array();
   for (const rpc::PrefetchJob& j : prefetches_->List()) {
@@ -144,13 +137,13 @@ std::string StatusSurface::StatusJson() {
       done += n.blocks_done();
       total += n.blocks_total();
     }
-    prefetches.push_back({{"id", j.id()},
-                          {"dataset", j.spec().dataset()},
-                          {"state", rpc::PrefetchJob::State_Name(j.state())},
-                          {"blocks_done", done},
-                          {"blocks_total", total},
-                          {"nodes", std::vector<std::string>(j.spec().nodes().begin(),
-                                                             j.spec().nodes().end())}});
+    prefetches.push_back(
+        {{"id", j.id()},
+         {"dataset", j.spec().dataset()},
+         {"state", rpc::PrefetchJob::State_Name(j.state())},
+         {"blocks_done", done},
+         {"blocks_total", total},
+         {"nodes", std::vector<std::string>(j.spec().nodes().begin(), j.spec().nodes().end())}});
   }
   nlohmann::json jobs = nlohmann::json::array();
   const rpc::ListJobsResponse all_jobs = jobs_->List();
@@ -167,8 +160,8 @@ std::string StatusSurface::StatusJson() {
     absl::MutexLock lock(&mu_);
     for (const auto& h : history_) history.push_back(h);
   }
-  return nlohmann::json{{"meta", meta_address_}, {"nodes", nodes},   {"datasets", datasets},
-                        {"prefetches", prefetches}, {"jobs", jobs}, {"history", history}}
+  return nlohmann::json{{"meta", meta_address_},    {"nodes", nodes}, {"datasets", datasets},
+                        {"prefetches", prefetches}, {"jobs", jobs},   {"history", history}}
       .dump();
 }
 

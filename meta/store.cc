@@ -4,7 +4,6 @@
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
-
 #include <sys/statvfs.h>
 
 #include <cerrno>
@@ -71,7 +70,7 @@ rocksdb::WriteOptions Synced() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir,
-                                                         const Options& store_options) {
+                                                           const Options& store_options) {
   rocksdb::Options options;
   options.create_if_missing = true;
   options.create_missing_column_families = true;
@@ -112,10 +111,11 @@ absl::Status MetaStore::CheckSpace() {
   }
   const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   if (free_bytes < options_.reserve_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "meta's data dir '", dir_, "' has ", free_bytes >> 20, " MiB free, below the ",
-        options_.reserve_bytes >> 20, " MiB kept in reserve: writes are refused until space is "
-        "freed"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("meta's data dir '", dir_, "' has ", free_bytes >> 20, " MiB free, below the ",
+                     options_.reserve_bytes >> 20,
+                     " MiB kept in reserve: writes are refused until space is "
+                     "freed"));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 // BlockCache: residency, holds, admission and eviction, and block writes. Opening and loading
 // the index is in recovery.cc, verification in verify.cc, the file I/O in cache_files.cc.
 #include "cachefs/cache/block_cache.h"
+#include "common/units.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -17,12 +18,6 @@ namespace {
 uint64_t PolicyHash(const BlockAddr& a) { return MakeBlockId(a).lo; }
 
 }  // namespace
-
-int64_t BlockCache::UnixNowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 void BlockCache::Touch(const BlockAddr& addr) {
   absl::MutexLock lock(&mu_);
@@ -153,7 +148,7 @@ bool BlockCache::Drop(const BlockAddr& addr, uint64_t generation) {
 
 bool BlockCache::MakeRoom(const BlockAddr& addr, uint32_t len) {
   if (used_ + len <= options_.capacity_bytes) return true;
-  const int64_t now_ms = UnixNowMs();
+  const int64_t now_ms = NowUnixMs();
   // Choose victims from the LRU end, skipping held, pinned and in-flight blocks.
   std::vector<Blocks::iterator> victims;
   uint64_t freed = 0;
@@ -265,7 +260,7 @@ bool BlockCache::SetPin(const BlockAddr& addr, int64_t until_unix_ms) {
 BlockCache::Stats BlockCache::GetStats() {
   absl::MutexLock lock(&mu_);
   Stats s;
-  const int64_t now_ms = UnixNowMs();
+  const int64_t now_ms = NowUnixMs();
   for (const auto& [a, e] : blocks_) {
     if (e.pinned_until_ms > now_ms && !e.doomed) {
       s.pinned_bytes += e.length;

@@ -167,7 +167,6 @@ class BlockCache {
   };
 
   explicit BlockCache(const Options& options);
-  static int64_t UnixNowMs();
   // Loads the index into memory (recovery.cc). Returns: how many records were forgotten.
   size_t LoadIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts down to the capacity, oldest first, skipping pinned blocks (recovery.cc).

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachefs/cache/block_cache.h"
+#include "common/units.h"
 
 namespace ember::cachefs {
 
@@ -89,7 +90,7 @@ size_t BlockCache::LoadIndex() {
 }
 
 void BlockCache::ShrinkToCapacity() {
-  const int64_t now_ms = UnixNowMs();
+  const int64_t now_ms = NowUnixMs();
   std::vector<BlockAddr> victims;
   uint64_t used = used_;
   for (Node* n = lru_back_; n != nullptr && used > options_.capacity_bytes;
