@@ -80,15 +80,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_for_log() {  # FILE PATTERN PID
-  for _ in $(seq 600); do
-    grep -q "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || { cat "$1" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "bench: timed out waiting for '$2' in $1" >&2
-  return 1
-}
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
 
 # The warm Ember: a meta and a node (so the node can be replaced by takeover).
 NODE_CMD=()

@@ -4,6 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cachefs/cache/scrubber.h"
+#include "cachefs/repair.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -16,7 +18,8 @@ constexpr const char* kPrefixes[] = {
     "ember_peer_fetches", "ember_fuse_opens", "ember_fuse_passthrough"};
 }  // namespace
 
-rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFuse* kernel) {
+rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFuse* kernel,
+                                Scrubber* scrubber, Repairer* repairer) {
   rpc::NodeStats s;
   BlockCache::Stats c = cache->GetStats();
   ReadStats r = read_path->GetStats();
@@ -45,6 +48,19 @@ rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFu
   s.set_pinned_bytes(c.pinned_bytes);
   for (const auto& [ds, b] : c.pinned_bytes_by_dataset)
     (*s.mutable_pinned_bytes_by_dataset())[ds] = b;
+  s.set_verifications(c.verifications);
+  s.set_foreign_changes(c.foreign_changes);
+  for (const auto& event : c.recent_corruptions) s.add_corruptions(event);
+  if (repairer != nullptr) s.set_repairs(repairer->repaired());
+  if (scrubber != nullptr) {
+    const Scrubber::Progress p = scrubber->GetProgress();
+    s.set_scrub_rate(p.bytes_per_second);
+    s.set_scrub_passes(p.passes);
+    s.set_scrub_pass_done(p.pass_done);
+    s.set_scrub_pass_total(p.pass_total);
+    s.set_scrub_bytes(p.bytes);
+    s.set_scrub_last_pass_unix_ms(p.last_pass_unix_ms);
+  }
   return s;
 }
 
@@ -61,7 +77,7 @@ rpc::NodeStats AgentMetrics::Recent() {
 }
 
 absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Start(
-    const std::string& listen, std::function<rpc::NodeStats()> stats) {
+    const std::string& listen, const HttpAccess& access, std::function<rpc::NodeStats()> stats) {
   std::unique_ptr<AgentMetrics> m(new AgentMetrics(std::move(stats)));
   auto& r = metrics::Global();
   using Get = uint64_t (rpc::NodeStats::*)() const;
@@ -99,6 +115,22 @@ absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Start(
       &rpc::NodeStats::origin_block_reads);
   add("ember_checksum_failures_total", "Blocks dropped because their bytes were wrong.", "counter",
       {}, &rpc::NodeStats::checksum_failures);
+  add("ember_cache_corrupt_blocks_total",
+      "Cache blocks found with wrong bytes (by a read, a peer request or the scrubber), "
+      "quarantined and refilled.",
+      "counter", {}, &rpc::NodeStats::checksum_failures);
+  add("ember_cache_verifications_total", "Whole blocks checked on the read path.", "counter", {},
+      &rpc::NodeStats::verifications);
+  add("ember_cache_repairs_total", "Quarantined blocks refilled.", "counter", {},
+      &rpc::NodeStats::repairs);
+  add("ember_cache_scrub_passes_total", "Full passes of the scrubber over the cache.", "counter",
+      {}, &rpc::NodeStats::scrub_passes);
+  add("ember_cache_scrub_pass_done_blocks", "Blocks checked in the scrubber's pass under way.",
+      "gauge", {}, &rpc::NodeStats::scrub_pass_done);
+  add("ember_cache_scrub_pass_total_blocks", "Blocks in the scrubber's pass under way.", "gauge",
+      {}, &rpc::NodeStats::scrub_pass_total);
+  add("ember_cache_scrub_rate_bytes", "The scrubber's pace (bytes per second; 0: off).", "gauge",
+      {}, &rpc::NodeStats::scrub_rate);
   add("ember_peer_fetches_total", "Blocks filled from a peer.", "counter", {},
       &rpc::NodeStats::peer_fetches);
   const char* kOpens = "Files opened through the mount, by how their reads are served.";
@@ -109,7 +141,7 @@ absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Start(
   add("ember_fuse_passthrough_files_open", "Files open now with the kernel reading the cache file.",
       "gauge", {}, &rpc::NodeStats::passthrough_files_open);
   if (listen.empty()) return m;
-  ASSIGN_OR_RETURN(m->http_, HttpServer::Start(listen, "--metrics-listen", {}));
+  ASSIGN_OR_RETURN(m->http_, HttpServer::Start(listen, "--metrics-listen", {}, access));
   spdlog::info("node: metrics on http://{}:{}/metrics", m->http_->host(), m->http_->port());
   return m;
 }

@@ -14,24 +14,31 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/http_server.h"
 #include "cachefs/cache/block_cache.h"
 #include "cachefs/fetch/read_path.h"
 #include "cachefs/fuse/kernel_binding.h"
+#include "common/http_server.h"
 #include "meta/meta.pb.h"
 
 namespace ember::cachefs {
 
-// The node's figures now. `kernel` is null under the libfuse binding.
-rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFuse* kernel);
+class Repairer;
+class Scrubber;
+
+// The node's figures now. `kernel` is null under the libfuse binding; scrubber and repairer may
+// be null.
+rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFuse* kernel,
+                                Scrubber* scrubber, Repairer* repairer);
 
 class AgentMetrics {
  public:
   // Registers the agent's figures with the process's metrics registry, read from `stats` at
   // scrape time (at most 500 ms old), and with `listen` ("HOST:PORT", port 0 picks one; "" =
-  // none) serves /metrics and /healthz there. `stats` must stay callable until this is gone.
-  // Returns: InvalidArgument (not HOST:PORT); FailedPrecondition (cannot listen there).
+  // none) serves /metrics and /healthz there, under `access` (the cluster token). `stats` must stay
+  // callable until this is gone. Returns: InvalidArgument (not HOST:PORT); FailedPrecondition
+  // (cannot listen there).
   static absl::StatusOr<std::unique_ptr<AgentMetrics>> Start(const std::string& listen,
+                                                             const HttpAccess& access,
                                                              std::function<rpc::NodeStats()> stats);
   // Removes the figures from the registry and stops the server.
   ~AgentMetrics();

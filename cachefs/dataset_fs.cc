@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> DatasetFs::Open(uint64_t
 }
 
 absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uint64_t offset,
-                                           size_t size) {
+                                           size_t size, char* buf) {
   std::unique_ptr<ReadStream> rebuilt;
   ReadStream* stream = nullptr;
   if (handle != nullptr) {
@@ -177,14 +177,14 @@ absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uin
     rebuilt = read_path_->OpenStream(MakeFileRef(*r->first, file_id));
     stream = rebuilt.get();
   }
-  auto r = read_path_->Read(*stream, offset, size);
+  auto r = read_path_->Read(*stream, offset, size, buf);
   // Whatever kept the bytes from us (origin gone, changed, unreachable), the reader sees EIO;
   // the agent's log names the file and the reason.
   if (!r.ok()) return ErrnoStatus(EIO, std::string(r.status().message()));
   return r;
 }
 
-absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino) {
+absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino, bool verified_only) {
   if (ino == kRootIno) return absl::NotFoundError("the root has no backing file");
   auto r = Resolve(ino);
   if (!r.ok()) return r.status();
@@ -192,7 +192,7 @@ absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino) {
   uint32_t ds, v;
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);
-  return read_path_->HoldFile(MakeFileRef(*r->first, file_id));
+  return read_path_->HoldFile(MakeFileRef(*r->first, file_id), verified_only);
 }
 
 FsStats DatasetFs::StatFs() {

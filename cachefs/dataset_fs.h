@@ -27,9 +27,9 @@ class DatasetFs final : public FileSystem {
       const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn) override;
   absl::StatusOr<std::string> ReadLink(uint64_t ino) override;
   absl::StatusOr<std::unique_ptr<FileHandle>> Open(uint64_t ino, int flags) override;
-  absl::StatusOr<ReadResult> Read(uint64_t ino, FileHandle* handle, uint64_t offset,
-                                  size_t size) override;
-  absl::StatusOr<Backing> OpenBacking(uint64_t ino) override;
+  absl::StatusOr<ReadResult> Read(uint64_t ino, FileHandle* handle, uint64_t offset, size_t size,
+                                  char* buf) override;
+  absl::StatusOr<Backing> OpenBacking(uint64_t ino, bool verified_only) override;
   FsStats StatFs() override;
 
   // Entries and attributes below the root never change (manifests are immutable).

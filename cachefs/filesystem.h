@@ -36,19 +36,16 @@ struct Entry {
   double timeout_s = 0;  // how long the kernel may cache the entry and its attributes
 };
 
-// One piece of a read reply: either a byte range of a file descriptor (a cache file: the libfuse
-// binding has the kernel splice it, the kernel binding preads it into its reply buffer) or bytes
-// in memory.
+// One piece of a read reply, in memory: either in the caller's reply buffer (bytes from the
+// cache, copied there once checked), at the offset the piece has in the reply, or in a buffer of
+// a block just filled (kept alive by ReadResult::holds).
 struct Segment {
-  int fd = -1;
-  uint64_t pos = 0;
+  const char* data = nullptr;
   size_t len = 0;
-  std::shared_ptr<const BlockBuffer> mem;  // when fd < 0
-  size_t mem_off = 0;
 };
 
-// The bytes of a read. Holds whatever keeps them valid (block holds, open fds) until destroyed:
-// destroy it only after the reply has been sent.
+// The bytes of a read, in order. Holds whatever keeps them valid until destroyed: destroy it only
+// after the reply has been sent.
 struct ReadResult {
   std::vector<Segment> segments;
   size_t total = 0;
@@ -89,21 +86,23 @@ class FileSystem {
   virtual absl::StatusOr<std::unique_ptr<FileHandle>> Open(uint64_t ino, int flags) = 0;
   // Reads [offset, offset+size) clipped to the file size. `handle`: from Open of this inode, or
   // null for a file the binding has no handle of (opened before a restart): then the read has
-  // no per-file state. May be called concurrently on one handle.
-  // Returns: the bytes; EIO when they cannot be had correctly (origin gone or changed); never
-  // wrong bytes.
+  // no per-file state. `buf`: room for `size` bytes where bytes from the cache are copied (the
+  // reply buffer; a segment there sits at its offset in the reply). May be called concurrently
+  // on one handle. Returns: the bytes; EIO when they cannot be had correctly (origin gone or
+  // changed, a bad cache block with no other source); never wrong bytes.
   virtual absl::StatusOr<ReadResult> Read(uint64_t ino, FileHandle* handle, uint64_t offset,
-                                          size_t size) = 0;
+                                          size_t size, char* buf) = 0;
 
-  // A file whose every block is resident (and verified): the cache file holding it, which the
-  // kernel may read directly (passthrough), and what keeps its blocks from being evicted or
-  // punched while it lives. Returns: NotFound when some block is not resident (read through
-  // Read).
+  // A file whose every block is resident and checked: a fd of the cache file holding it, which
+  // the kernel may read directly (passthrough), and what keeps its blocks from being evicted or
+  // punched while it lives. `verified_only` false (a takeover re-holding files the kernel already
+  // reads directly): holds the blocks whether or not they are checked. Returns: NotFound when
+  // some block is not resident or not checked (read through Read).
   struct Backing {
     int fd = -1;  // valid while `hold` lives
     std::shared_ptr<const void> hold;
   };
-  virtual absl::StatusOr<Backing> OpenBacking(uint64_t /*ino*/) {
+  virtual absl::StatusOr<Backing> OpenBacking(uint64_t /*ino*/, bool /*verified_only*/ = true) {
     return absl::NotFoundError("this file system has no backing files");
   }
   virtual FsStats StatFs() = 0;

@@ -11,6 +11,7 @@
 #include "cachefs/agent_metrics.h"
 #include "cachefs/agent_reports.h"
 #include "cachefs/cache/block_cache.h"
+#include "cachefs/cache/scrubber.h"
 #include "cachefs/dataset_fs.h"
 #include "cachefs/fetch/block_directory.h"
 #include "cachefs/fetch/checksum_book.h"
@@ -20,11 +21,12 @@
 #include "cachefs/fuse/libfuse_binding.h"
 #include "cachefs/manifest_cache.h"
 #include "cachefs/namespace.h"
-#include "origin/origin.h"
 #include "cachefs/prefetch.h"
+#include "cachefs/repair.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "meta/meta_client.h"
+#include "origin/origin.h"
 
 namespace ember::cachefs {
 namespace {
@@ -36,6 +38,9 @@ class CacheBlockSource final : public transport::BlockSource {
   std::optional<Block> Get(const BlockAddr& addr) override {
     auto hold = cache_->Acquire(addr);
     if (!hold) return std::nullopt;
+    // Never offer a block the cache cannot vouch for: a bad one is quarantined here (NotFound
+    // to the peer, which tries another holder) and refilled.
+    if (!cache_->PrepareSend(*hold).ok()) return std::nullopt;
     return Block{hold->fd, hold->offset, hold->length, hold->checksum, hold};
   }
 
@@ -85,12 +90,11 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   auto cache = BlockCache::Open(co);
   if (!cache.ok()) return cache.status();
   a->cache_ = std::move(*cache);
-  if (*inherited) {
-    // The predecessor served (and verified) these blocks until a moment ago and nothing wrote
-    // the cache since: re-reading every block on first use (for passthrough: the whole file
-    // inside open) would stall the readers the takeover is meant to spare.
-    a->cache_->MarkAllVerified();
-  }
+  // Nothing loaded from disk is trusted, also after a takeover: blocks are checked as they are
+  // read (or by the scrubber) before they are served or handed to passthrough.
+  a->scrubber_ = std::make_unique<Scrubber>(
+      a->cache_.get(), options.scrub_rate < 0 ? Scrubber::DefaultRate(options.cache_bytes)
+                                              : static_cast<uint64_t>(options.scrub_rate));
   struct statvfs vfs;
   if (statvfs(options.cache_dir.c_str(), &vfs) == 0) {
     uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
@@ -140,9 +144,12 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   // after its fetch, and fewer threads than blocks in the window leaves the origin idle.
   ro.fill_threads = std::max(options.fill_threads, options.readahead_blocks);
   a->read_path_ = std::make_unique<ReadPath>(a->cache_.get(), a->origin_.get(), a->checksums_.get(),
-                                             ro, a->peers_.get());
+                                             ro, a->peers_.get(), a->scrubber_.get());
   a->manifests_ = std::make_unique<ManifestCache>(options.cache_dir + "/manifests");
   a->namespace_ = std::make_unique<Namespace>(a->meta_.get(), a->manifests_.get());
+  a->repairer_ = std::make_unique<Repairer>(a->namespace_.get(), a->read_path_.get());
+  a->cache_->SetQuarantineListener(
+      [r = a->repairer_.get()](const BlockAddr& addr) { r->Enqueue(addr); });
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get());
   a->prefetch_ =
       std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
@@ -163,7 +170,8 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     if (!options.mount.fuse_uring) a->handover_ = Handover::Listen(options.cache_dir, a->kernel_);
   }
   auto stats = [p = a.get()] { return p->Stats(); };
-  auto metrics = AgentMetrics::Start(options.metrics_listen, stats);
+  auto metrics = AgentMetrics::Start(options.metrics_listen,
+                                     HttpAccess{options.token, options.metrics_open_paths}, stats);
   if (!metrics.ok()) return metrics.status();
   a->metrics_ = std::move(*metrics);
 
@@ -185,9 +193,11 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 
 NodeAgent::~NodeAgent() {
   Stop();
-  reporter_.reset();  // joins its thread
-  metrics_.reset();   // its callbacks point at this agent
-  prefetch_.reset();  // its workers use the read path
+  reporter_.reset();                 // joins its thread
+  metrics_.reset();                  // its callbacks point at this agent
+  scrubber_.reset();                 // quarantines feed the repairer
+  if (repairer_) repairer_->Stop();  // it fills through the read path
+  prefetch_.reset();                 // its workers use the read path
   if (handover_) handover_->StopListening();
   mount_.reset();  // unmount (unless handed over) before the filesystem it serves goes away
   if (handover_ && handover_->Requested()) {
@@ -220,7 +230,8 @@ void NodeAgent::Stop() {
 }
 
 rpc::NodeStats NodeAgent::Stats() {
-  return CollectNodeStats(cache_.get(), read_path_.get(), kernel_);
+  return CollectNodeStats(cache_.get(), read_path_.get(), kernel_, scrubber_.get(),
+                          repairer_.get());
 }
 
 }  // namespace ember::cachefs

@@ -46,6 +46,8 @@ class Namespace;
 class PeerFetcher;
 class PrefetchRunner;
 class ReadPath;
+class Repairer;
+class Scrubber;
 
 struct NodeOptions {
   std::string meta_address;
@@ -60,12 +62,17 @@ struct NodeOptions {
   MountOptions mount;
   int readahead_blocks = 4;
   int fill_threads = 2;
+  // The scrubber's pace in bytes per second (cache/scrubber.h): -1 = a full pass per day of the
+  // cache's capacity; 0 = no background pass.
+  int64_t scrub_rate = -1;
   std::chrono::milliseconds report_interval{200};
   transport::TransportMode transport = transport::TransportMode::kAuto;
   std::string token;        // cluster token: sent to meta, and peers must prove it (--token-file)
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
   std::string metrics_listen;  // HOST:PORT for HTTP /metrics (Prometheus) and /healthz; "" = off
+  // With a token, HTTP paths served without it (common/http_server.h).
+  std::vector<std::string> metrics_open_paths = {"/healthz"};
   std::string fuse_binding = "kernel";  // "kernel" (fuse/kernel_binding.h) or "libfuse"
   // Take the mount over from the agent running on this cache dir (fuse/takeover.h), if any.
   bool takeover = false;
@@ -100,7 +107,11 @@ class NodeAgent {
   // In the order they are built; torn down in reverse (see ~NodeAgent).
   std::unique_ptr<meta::MetaClient> meta_;
   std::unique_ptr<BlockDirectory> directory_;
+  // Refills quarantined blocks; made before the cache (whose listener it is) and destroyed after
+  // it, but stopped (~NodeAgent) before the read path it fills through goes away.
+  std::unique_ptr<Repairer> repairer_;
   std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<Scrubber> scrubber_;
   std::unique_ptr<origin::Origin> origin_;
   std::unique_ptr<transport::BlockSource> block_source_;
   std::unique_ptr<transport::BlockServer> block_server_;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -18,15 +19,27 @@ class Server;
 
 namespace ember {
 
+// Who may call: with a token, every request must carry `Authorization: Bearer TOKEN` (compared
+// in constant time), except for the paths left open (an exact path, or a prefix ending in '/'):
+// e.g. /healthz for probes, /metrics for a Prometheus without the token. Without a token,
+// everything is open. A refused request gets 401 with a line saying what is missing.
+struct HttpAccess {
+  std::string token;
+  std::vector<std::string> open_paths = {"/healthz"};
+  // "/healthz,/metrics" -> paths. Returns: InvalidArgument for a path not starting with '/'.
+  static absl::StatusOr<std::vector<std::string>> ParsePaths(const std::string& csv);
+  bool Allows(const std::string& path, const std::string& authorization) const;
+};
+
 class HttpServer {
  public:
   // Binds `listen` ("HOST:PORT"; port 0 picks a free one), lets `routes` add handlers, and
-  // serves on a thread. Every server also answers GET /healthz ("ok") and GET /metrics (the
-  // process's metrics::Global() registry). `flag` names the option in errors.
+  // serves on a thread under `access`. Every server also answers GET /healthz ("ok") and GET
+  // /metrics (the process's metrics::Global() registry). `flag` names the option in errors.
   // Returns: InvalidArgument (not HOST:PORT); FailedPrecondition (cannot listen there).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const std::string& listen, const std::string& flag,
-      const std::function<void(httplib::Server&)>& routes);
+      const std::function<void(httplib::Server&)>& routes, const HttpAccess& access = {});
   ~HttpServer();
 
   int port() const { return port_; }

@@ -127,7 +127,8 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
                options.tls_cert_file.empty() ? "plaintext" : "TLS",
                options.token.empty() ? "no token" : "token required", options.data_dir);
   if (!options.http_listen.empty()) {
-    auto http = p.status->Serve(options.http_listen);
+    auto http =
+        p.status->Serve(options.http_listen, HttpAccess{options.token, options.http_open_paths});
     if (!http.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot listen on --http ", options.http_listen,
                                                  ": ", http.status().message()));

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -39,8 +40,10 @@ struct MetaOptions {
   // HOST:PORT for HTTP (status page, /api/status, /metrics, /healthz, kube-scheduler extender at
   // /scheduler/filter and /scheduler/prioritize); empty = no HTTP.
   std::string http_listen;
-  // Cluster token every gRPC call must carry (empty: none required).
+  // Cluster token every gRPC call must carry (empty: none required); HTTP requests must carry it
+  // too (Authorization: Bearer) except for these paths (common/http_server.h).
   std::string token;
+  std::vector<std::string> http_open_paths = {"/healthz"};
   // PEM files: with both set, gRPC is served over TLS only.
   std::string tls_cert_file;
   std::string tls_key_file;

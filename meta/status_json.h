@@ -3,6 +3,8 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "meta/meta.pb.h"
 
@@ -39,6 +41,18 @@ inline nlohmann::json NodeJson(const rpc::Node& n) {
           {"daemon_opens", s.daemon_opens()},
           {"passthrough_files_open", s.passthrough_files_open()},
           {"evictions", s.evictions()},
+          {"corrupt_blocks", s.checksum_failures()},
+          {"verifications", s.verifications()},
+          {"foreign_changes", s.foreign_changes()},
+          {"repairs", s.repairs()},
+          {"corruptions", std::vector<std::string>(s.corruptions().begin(), s.corruptions().end())},
+          {"scrub",
+           {{"rate", s.scrub_rate()},
+            {"passes", s.scrub_passes()},
+            {"pass_done", s.scrub_pass_done()},
+            {"pass_total", s.scrub_pass_total()},
+            {"bytes", s.scrub_bytes()},
+            {"last_pass_unix_ms", s.scrub_last_pass_unix_ms()}}},
           {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}};
 }
 

@@ -69,21 +69,26 @@ void StatusSurface::RegisterMetrics() {
                  });
 }
 
-absl::StatusOr<std::unique_ptr<HttpServer>> StatusSurface::Serve(const std::string& listen) {
-  return HttpServer::Start(listen, "--http", [this](httplib::Server& http) {
-    http.Post("/scheduler/filter", [this](const httplib::Request& req, httplib::Response& res) {
-      res.set_content(ExtenderFilter(req.body, Extender()), "application/json");
-    });
-    http.Post("/scheduler/prioritize", [this](const httplib::Request& req, httplib::Response& res) {
-      res.set_content(ExtenderPrioritize(req.body, Extender()), "application/json");
-    });
-    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(StatusPageHtml(), "text/html; charset=utf-8");
-    });
-    http.Get("/api/status", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(StatusJson(), "application/json");
-    });
-  });
+absl::StatusOr<std::unique_ptr<HttpServer>> StatusSurface::Serve(const std::string& listen,
+                                                                 const HttpAccess& access) {
+  return HttpServer::Start(
+      listen, "--http",
+      [this](httplib::Server& http) {
+        http.Post("/scheduler/filter", [this](const httplib::Request& req, httplib::Response& res) {
+          res.set_content(ExtenderFilter(req.body, Extender()), "application/json");
+        });
+        http.Post("/scheduler/prioritize",
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    res.set_content(ExtenderPrioritize(req.body, Extender()), "application/json");
+                  });
+        http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+          res.set_content(StatusPageHtml(), "text/html; charset=utf-8");
+        });
+        http.Get("/api/status", [this](const httplib::Request&, httplib::Response& res) {
+          res.set_content(StatusJson(), "application/json");
+        });
+      },
+      access);
 }
 
 void StatusSurface::Sample() {

@@ -36,8 +36,10 @@ class StatusSurface {
 
   // Registers meta's gauges with the metrics registry (read at scrape time).
   void RegisterMetrics();
-  // Serves the routes on `listen`. Returns: the server; the errors of HttpServer::Start.
-  absl::StatusOr<std::unique_ptr<HttpServer>> Serve(const std::string& listen);
+  // Serves the routes on `listen` under `access` (the cluster token). Returns: the server; the
+  // errors of HttpServer::Start.
+  absl::StatusOr<std::unique_ptr<HttpServer>> Serve(const std::string& listen,
+                                                    const HttpAccess& access);
 
   // Records cluster totals for the page's charts, at most every 5 s (called by meta's loop).
   void Sample();

@@ -5,6 +5,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -150,6 +151,41 @@ void MakeCa(const std::string& dir, const std::string& name) {
       "-ca.key -CAcreateserial -days 2 -extfile ", name, "-ext.cnf -out ", name,
       "-server.pem 2>/dev/null");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// With a cluster token, meta's and a node's HTTP endpoints want it too (Authorization: Bearer),
+// except for the paths left open (/healthz by default; here /metrics too on the node).
+TEST_F(SecurityTest, HttpEndpointsWantTheTokenExceptWhereLeftOpen) {
+  const std::string http = absl::StrCat("127.0.0.1:", testing::FreePort());
+  MetaProcess meta(dir_.Sub("meta"), "10s",
+                   {"--token-file", dir_.Sub("token"), "--http", http},
+                   meta::MetaCredentials{kToken, ""});
+  NodeProcess::Options o;
+  const std::string node_http = absl::StrCat("127.0.0.1:", testing::FreePort());
+  o.extra_args = {"--token-file", dir_.Sub("token"), "--metrics-listen", node_http,
+                  "--metrics-open", "/healthz,/metrics"};
+  NodeProcess node(dir_.Sub("node"), meta.address(), o);
+  ASSERT_TRUE(node.Start());
+  auto code = [](const std::string& host_port, const std::string& path, const std::string& token,
+                 const std::string& post = "") {
+    const size_t colon = host_port.rfind(':');
+    httplib::Client c(host_port.substr(0, colon), std::stoi(host_port.substr(colon + 1)));
+    httplib::Headers h;
+    if (!token.empty()) h.emplace("Authorization", absl::StrCat("Bearer ", token));
+    auto r = post.empty() ? c.Get(path, h) : c.Post(path, h, post, "application/json");
+    return r ? r->status : -1;
+  };
+  EXPECT_EQ(code(http, "/healthz", ""), 200);
+  for (const char* path : {"/api/status", "/metrics", "/"}) {
+    EXPECT_EQ(code(http, path, ""), 401) << path;
+    EXPECT_EQ(code(http, path, "wrong"), 401) << path;
+    EXPECT_EQ(code(http, path, kToken), 200) << path;
+  }
+  EXPECT_EQ(code(http, "/scheduler/filter", "", "{}"), 401);
+  EXPECT_EQ(code(http, "/scheduler/filter", kToken, "{}"), 200);
+  // The node: /metrics left open, nothing else there needs it.
+  EXPECT_EQ(code(node_http, "/metrics", ""), 200);
+  EXPECT_EQ(code(node_http, "/healthz", ""), 200);
 }
 
 TEST_F(SecurityTest, TlsWithSelfSignedCa) {

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "common/http_server.h"
 #include "common/units.h"
 #include "meta/meta_client.h"
 #include "meta/meta_server.h"
@@ -22,6 +24,7 @@ void AddMetaCommand(CLI::App& app) {
     std::string tls_cert;
     std::string tls_key;
     std::string reserve = "64MiB";
+    std::string http_open = "/healthz";
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")->capture_default_str();
@@ -31,6 +34,11 @@ void AddMetaCommand(CLI::App& app) {
   cmd->add_option("--http", opts->http,
                   "HOST:PORT for HTTP: the status page (/), /api/status, /metrics, /healthz "
                   "and the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)");
+  cmd->add_option("--http-open", opts->http_open,
+                  "With a cluster token, HTTP paths served without it (comma-separated; a path "
+                  "ending in / covers what is below it), e.g. /healthz,/metrics for probes and a "
+                  "Prometheus without the token, /scheduler/ for kube-scheduler's extender")
+      ->capture_default_str();
   cmd->add_option("--reserve", opts->reserve,
                   "Free space the data dir's file system must keep: below it meta refuses "
                   "writes (clear errors, nothing lost) instead of failing mid-write")
@@ -59,6 +67,9 @@ void AddMetaCommand(CLI::App& app) {
     options.tls_cert_file = opts->tls_cert;
     options.tls_key_file = opts->tls_key;
     options.reserve_bytes = *reserve;
+    auto open_paths = HttpAccess::ParsePaths(opts->http_open);
+    if (!open_paths.ok()) Fail(absl::StrCat("--http-open: ", open_paths.status().message()));
+    options.http_open_paths = *open_paths;
     auto server = meta::MetaServer::Start(options);
     if (!server.ok()) Fail(server.status());
     std::thread waiter([&] {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "cachefs/fuse/supervisor.h"
 #include "cachefs/node_agent.h"
+#include "common/http_server.h"
 #include "common/units.h"
 #include "meta/meta_client.h"
 #include "meta/meta_server.h"
@@ -39,9 +40,11 @@ struct NodeFlags {
   std::string transport = "auto";
   std::string peer_timeout = "3s";
   std::string metrics_listen;
+  std::string metrics_open = "/healthz";
   std::string fuse_binding = "kernel";
   bool no_passthrough = false;
   bool buffered_cache_writes = false;
+  std::string scrub_rate = "auto";
   bool readdirplus = false;
   bool direct_io = false;
   bool fuse_uring = false;
@@ -68,6 +71,10 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
       ->capture_default_str();
   c->add_option("--metrics-listen", f->metrics_listen,
                 "HOST:PORT to serve Prometheus /metrics on (default: off)");
+  c->add_option("--metrics-open", f->metrics_open,
+                "With a cluster token, HTTP paths served without it (comma-separated), e.g. "
+                "/healthz,/metrics for a Prometheus without the token")
+      ->capture_default_str();
   c->add_option("--peer-timeout", f->peer_timeout,
                 "A peer silent this long is skipped (and avoided for 10 s)")
       ->capture_default_str();
@@ -90,6 +97,10 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
               "the fuse module's enable_uring on); not with --takeover/--supervise");
   c->add_flag("--buffered-cache-writes", f->buffered_cache_writes,
               "Write filled blocks through the page cache instead of with O_DIRECT");
+  c->add_option("--scrub-rate", f->scrub_rate,
+                "Pace of the background check of every cached block on disk, per second (e.g. "
+                "64MiB; auto: a full pass per day of --cache-size; 0: off)")
+      ->capture_default_str();
   if (!for_up) {
     c->add_flag("--supervise", f->supervise,
                 "Run the agent under a small supervisor that keeps the mount: if the agent "
@@ -121,6 +132,13 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.fuse_binding = f.fuse_binding;
   o.mount.passthrough = !f.no_passthrough;
   o.direct_cache_writes = !f.buffered_cache_writes;
+  if (f.scrub_rate != "auto") {
+    std::string rate = f.scrub_rate;
+    if (rate.size() > 2 && rate.substr(rate.size() - 2) == "/s") rate.resize(rate.size() - 2);
+    auto r = ParseSize(rate);
+    if (!r.ok()) Fail(absl::StrCat("--scrub-rate: ", r.status().message()));
+    o.scrub_rate = static_cast<int64_t>(*r);
+  }
   o.mount.readdirplus = f.readdirplus;
   o.mount.direct_io = f.direct_io;
   o.mount.fuse_uring = f.fuse_uring;
@@ -147,6 +165,9 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
     if (auto s = ValidateHostPort("--metrics-listen", f.metrics_listen); !s.ok()) Fail(s);
   }
   o.metrics_listen = f.metrics_listen;
+  auto open_paths = HttpAccess::ParsePaths(f.metrics_open);
+  if (!open_paths.ok()) Fail(absl::StrCat("--metrics-open: ", open_paths.status().message()));
+  o.metrics_open_paths = *open_paths;
   auto creds = ResolveCredentials(f.meta);
   o.token = creds.token;
   o.tls_ca_file = creds.tls_ca_file;

@@ -12,6 +12,20 @@
 
 namespace ember::tools {
 
+namespace {
+
+// "pass 3, 41%" / "off".
+std::string ScrubProgress(const rpc::NodeStats& s) {
+  if (s.scrub_rate() == 0) return s.fuse_binding().empty() ? "-" : "off";
+  const uint64_t pct =
+      s.scrub_pass_total() == 0
+          ? 0
+          : std::min<uint64_t>(100, 100 * s.scrub_pass_done() / s.scrub_pass_total());
+  return absl::StrCat("pass ", s.scrub_passes() + 1, ", ", pct, "%");
+}
+
+}  // namespace
+
 void AddStatusCommand(CLI::App& app) {
   auto* c = app.add_subcommand("status", "Show nodes: state, labels, cache use and traffic");
   auto meta_flags = std::make_shared<MetaFlags>();
@@ -33,7 +47,7 @@ void AddStatusCommand(CLI::App& app) {
     if (nodes->empty()) return;
     std::vector<std::vector<std::string>> rows{
         {"NODE", "ADDRESS", "STATE", "LABELS", "GPUS", "CAPACITY", "USED", "BLOCKS", "HITS",
-         "MISSES", "FROM-CACHE", "FROM-PEERS", "FROM-ORIGIN", "PASSTHROUGH"}};
+         "MISSES", "FROM-CACHE", "FROM-PEERS", "FROM-ORIGIN", "PASSTHROUGH", "CORRUPT", "SCRUB"}};
     for (const auto& n : *nodes) {
       std::vector<std::string> labels;
       for (const auto& [k, v] : n.labels()) labels.push_back(absl::StrCat(k, "=", v));
@@ -48,9 +62,16 @@ void AddStatusCommand(CLI::App& app) {
                       s.passthrough()
                           ? absl::StrCat(s.passthrough_opens(), " of ",
                                          s.passthrough_opens() + s.daemon_opens(), " opens")
-                          : (s.fuse_binding().empty() ? "-" : "off")});
+                          : (s.fuse_binding().empty() ? "-" : "off"),
+                      std::to_string(s.checksum_failures()), ScrubProgress(s)});
     }
     PrintTable(rows);
+    // Bad blocks the caches found (each was quarantined and refilled from a peer or the origin).
+    for (const auto& n : *nodes) {
+      for (const auto& event : n.stats().corruptions()) {
+        std::cout << "corrupt block on " << n.id() << ": " << event << "\n";
+      }
+    }
   });
 }
 

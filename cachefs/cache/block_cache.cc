@@ -1,7 +1,6 @@
 // BlockCache: residency, holds, admission and eviction, and block writes. Opening and loading
 // the index is in recovery.cc, verification in verify.cc, the file I/O in cache_files.cc.
 #include "cachefs/cache/block_cache.h"
-#include "common/units.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -11,6 +10,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+
+#include "common/units.h"
 
 namespace ember::cachefs {
 namespace {
@@ -44,8 +45,8 @@ BlockHoldPtr BlockCache::Acquire(const BlockAddr& addr, bool record_access) {
   e.holds++;
   LruUnlink(&*it);
   LruPushFront(&*it);
-  auto* hold = new BlockHold{addr,       fd,         e.offset,     e.length,
-                             e.checksum, e.verified, e.generation, std::move(file)};
+  auto* hold = new BlockHold{addr,       fd,        e.offset,     e.length,
+                             e.checksum, e.checked, e.generation, std::move(file)};
   return BlockHoldPtr(hold, [this](const BlockHold* h) {
     Release(h->addr);
     delete h;
@@ -62,6 +63,9 @@ std::shared_ptr<const void> BlockCache::OpenForRead(const BlockAddr& addr, int* 
   }
   int f = open(FilePath(addr).c_str(), O_RDONLY | O_CLOEXEC);
   if (f < 0) return nullptr;
+  // No readahead: it would pull pages of other blocks into the page cache, unchecked, behind the
+  // verification of what is served (block_cache.h). A block's first read reads all of it anyway.
+  posix_fadvise(f, 0, 0, POSIX_FADV_RANDOM);
   std::shared_ptr<const void> holder(new int(f), [](const void* p) {
     close(*static_cast<const int*>(p));
     delete static_cast<const int*>(p);
@@ -72,26 +76,92 @@ std::shared_ptr<const void> BlockCache::OpenForRead(const BlockAddr& addr, int* 
   return holder;
 }
 
+std::shared_ptr<const void> BlockCache::OpenBacking(const BlockAddr& addr, int* fd) {
+  int f = open(FilePath(addr).c_str(), O_RDONLY | O_CLOEXEC);
+  if (f < 0) return nullptr;
+  *fd = f;
+  return std::shared_ptr<const void>(new int(f), [](const void* p) {
+    close(*static_cast<const int*>(p));
+    delete static_cast<const int*>(p);
+  });
+}
+
 void BlockCache::Release(const BlockAddr& addr) {
   absl::MutexLock lock(&mu_);
   auto it = blocks_.find(addr);
   if (it == blocks_.end()) return;
   if (--it->second.holds == 0 && it->second.doomed) {
-    files_.PunchHole(addr, it->second.offset, it->second.length);
+    OwnChangeLocked(addr, files_.PunchHole(addr, it->second.offset, it->second.length));
     used_ -= it->second.length;
     EraseLocked(it);
   }
 }
 
-void BlockCache::MarkVerified(const BlockAddr& addr) {
-  absl::MutexLock lock(&mu_);
-  auto it = blocks_.find(addr);
-  if (it != blocks_.end()) it->second.verified = true;
+void BlockCache::SetQuarantineListener(std::function<void(const BlockAddr&)> listener) {
+  quarantine_listener_ = std::move(listener);
 }
 
-void BlockCache::MarkAllVerified() {
+bool BlockCache::StampAgreesLocked(const BlockAddr& addr, uint64_t stamp) {
+  if (stamp == 0) return false;
+  auto [it, fresh] = files_state_.emplace(KeyOf(addr), FileState{stamp, 0});
+  FileState& f = it->second;
+  if (fresh || f.stamp == stamp) return !fresh;        // first sight: a baseline, nothing known yet
+  if (stamp < f.stamp || f.writers > 0) return false;  // an older look, or our write under way
+  // Newer than the agent's own last change: someone else wrote the file. Nothing of it is known.
+  f.stamp = stamp;
+  uint64_t cleared = 0;
+  const BlockAddr first{addr.dataset_id, addr.version, addr.file_id, 0};
+  for (auto b = blocks_.lower_bound(first); b != blocks_.end() && KeyOf(b->first) == KeyOf(addr);
+       ++b) {
+    cleared += b->second.checked || b->second.verified;
+    b->second.checked = b->second.verified = false;
+  }
+  foreign_changes_++;
+  spdlog::warn(
+      "cache: {} was changed by someone else; its {} block(s) are checked again before "
+      "they are served",
+      FilePath(addr), cleared);
+  return false;
+}
+
+void BlockCache::OwnChangeLocked(const BlockAddr& addr, uint64_t stamp) {
+  if (stamp == 0) return;
+  FileState& f = files_state_[KeyOf(addr)];
+  f.stamp = std::max(f.stamp, stamp);
+}
+
+void BlockCache::ForgetPageChecks(const BlockAddr& addr) {
   absl::MutexLock lock(&mu_);
-  for (auto& [addr, e] : blocks_) e.verified = true;
+  const BlockAddr first{addr.dataset_id, addr.version, addr.file_id, 0};
+  for (auto b = blocks_.lower_bound(first); b != blocks_.end() && KeyOf(b->first) == KeyOf(addr);
+       ++b) {
+    b->second.verified = false;
+  }
+}
+
+bool BlockCache::AllChecked(const std::vector<std::shared_ptr<const BlockHold>>& holds) {
+  if (holds.empty()) return false;
+  const uint64_t stamp = ChangeStamp(holds.front()->fd);
+  absl::MutexLock lock(&mu_);
+  if (!StampAgreesLocked(holds.front()->addr, stamp)) return false;
+  for (const auto& h : holds) {
+    auto it = blocks_.find(h->addr);
+    if (it == blocks_.end() || it->second.generation != h->generation || it->second.doomed ||
+        !it->second.checked) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<BlockAddr> BlockCache::BlocksAfter(const BlockAddr* after, size_t max) {
+  absl::MutexLock lock(&mu_);
+  std::vector<BlockAddr> out;
+  auto it = after == nullptr ? blocks_.begin() : blocks_.upper_bound(*after);
+  for (; it != blocks_.end() && out.size() < max; ++it) {
+    if (!it->second.writing && !it->second.doomed) out.push_back(it->first);
+  }
+  return out;
 }
 
 bool BlockCache::Resident(const BlockAddr& addr) {
@@ -113,7 +183,7 @@ void BlockCache::RemoveLocked(Blocks::iterator it, bool evicted) {
     it->second.doomed = true;  // punched by the last Release
     return;
   }
-  files_.PunchHole(addr, it->second.offset, it->second.length);
+  OwnChangeLocked(addr, files_.PunchHole(addr, it->second.offset, it->second.length));
   used_ -= it->second.length;
   EraseLocked(it);
 }
@@ -133,8 +203,15 @@ void BlockCache::LruUnlink(Node* n) {
 }
 
 void BlockCache::EraseLocked(Blocks::iterator it) {
+  const BlockAddr addr = it->first;
   LruUnlink(&*it);
   blocks_.erase(it);
+  // The file's state goes with its last block (unless a write of it is under way).
+  auto next = blocks_.lower_bound(BlockAddr{addr.dataset_id, addr.version, addr.file_id, 0});
+  if (next == blocks_.end() || KeyOf(next->first) != KeyOf(addr)) {
+    auto f = files_state_.find(KeyOf(addr));
+    if (f != files_state_.end() && f->second.writers == 0) files_state_.erase(f);
+  }
 }
 
 bool BlockCache::Drop(const BlockAddr& addr, uint64_t generation) {
@@ -176,30 +253,42 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
                                             uint64_t offset, std::string_view data,
                                             uint64_t checksum) {
   const uint32_t len = static_cast<uint32_t>(data.size());
+  bool revive = false;  // rewriting a quarantined copy that is still held
   {
     absl::MutexLock lock(&mu_);
     auto existing = blocks_.find(addr);
     if (existing != blocks_.end()) {
-      return existing->second.writing || existing->second.doomed ? InsertResult::kNotAdmitted
-                                                                 : InsertResult::kStored;
+      Entry& e = existing->second;
+      if (!e.doomed || e.writing || e.holds == 0 || e.length != len || e.offset != offset) {
+        return e.writing || e.doomed ? InsertResult::kNotAdmitted : InsertResult::kStored;
+      }
+      // Held (a passthrough open reads this file): write the good bytes in place, under the
+      // holders' feet, then serve the block again. Its bytes still count in used_.
+      e.doomed = false;
+      e.writing = true;
+      e.checksum = checksum;
+      e.generation = next_generation_++;
+      revive = true;
+    } else {
+      if (len > options_.capacity_bytes || !MakeRoom(addr, len)) {
+        not_admitted_++;
+        return InsertResult::kNotAdmitted;
+      }
+      Entry e;
+      e.writing = true;
+      e.checksum = checksum;
+      e.offset = offset;
+      e.length = len;
+      e.generation = next_generation_++;
+      LruPushFront(&*blocks_.emplace(addr, e).first);
+      used_ += len;
     }
-    if (len > options_.capacity_bytes || !MakeRoom(addr, len)) {
-      not_admitted_++;
-      return InsertResult::kNotAdmitted;
-    }
-    Entry e;
-    e.writing = true;
-    e.checksum = checksum;
-    e.offset = offset;
-    e.length = len;
-    e.verified = true;  // the caller checked these bytes
-    e.generation = next_generation_++;
-    LruPushFront(&*blocks_.emplace(addr, e).first);
-    used_ += len;
+    files_state_[KeyOf(addr)].writers++;
   }
 
   // Write the bytes outside the lock, then commit through the index.
-  int err = files_.WriteBlock(addr, file_size, offset, data);
+  uint64_t stamp = 0;
+  int err = files_.WriteBlock(addr, file_size, offset, data, &stamp);
   absl::Status indexed = absl::OkStatus();
   if (err == 0) {
     indexed = index_->Put({addr, checksum, offset, len, 0});
@@ -207,8 +296,18 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   }
 
   absl::MutexLock lock(&mu_);
+  FileState& file = files_state_[KeyOf(addr)];
+  file.writers--;
+  if (stamp != 0) file.stamp = std::max(file.stamp, stamp);
   auto it = blocks_.find(addr);
   if (err != 0) {
+    if (revive) {
+      // Still bad, and still held: punched by the last Release, as before.
+      it->second.writing = false;
+      it->second.doomed = true;
+      not_admitted_++;
+      return InsertResult::kError;
+    }
     used_ -= len;
     EraseLocked(it);
     not_admitted_++;
@@ -237,7 +336,13 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
     }
   }
   it->second.writing = false;
+  it->second.checked = true;    // the caller checked these bytes
+  it->second.verified = false;  // written past the page cache: checked again when first read
   added_.push_back(addr);
+  if (revive) {
+    spdlog::info("cache: block {}/{}/{}/{} of {} repaired in place", addr.dataset_id, addr.version,
+                 addr.file_id, addr.index, FilePath(addr));
+  }
   return InsertResult::kStored;
 }
 
@@ -273,6 +378,9 @@ BlockCache::Stats BlockCache::GetStats() {
   s.evictions = evictions_;
   s.not_admitted = not_admitted_;
   s.checksum_failures = checksum_failures_;
+  s.verifications = verifications_;
+  s.foreign_changes = foreign_changes_;
+  s.recent_corruptions = corruptions_;
   return s;
 }
 

@@ -25,9 +25,24 @@
 //
 // Eviction and admission: see cache_policy.h.
 //
-// Verification: the bytes of a block stored by this agent are trusted (the fill checked them);
-// a block loaded from the index is re-read and checked once, the first time it is served
-// (VerifyOnce). VerifyAll checks everything (`ember cache verify`).
+// Verification (verify.cc, scrubber.h): nothing on disk is trusted. Two facts are kept per block:
+//  - `checked`: its bytes matched its checksum since this agent started (its fill checked them,
+//    or a verified read, or the scrubber) and nothing has changed the file since. A file is
+//    offered for passthrough only when every block is checked.
+//  - `verified`: the copy in the page cache was checked and, as far as the agent can tell, has
+//    stayed there unchanged. A daemon-path read copies the bytes with RWF_NOWAIT, which fails
+//    when any page must come from the disk; then, or when the block is not verified, the whole
+//    block is read and checked before any byte goes out (ReadVerified). So a block costs one
+//    checksum per stay in memory, not one per request. What could put unchecked pages into the
+//    page cache behind the agent's back is kept out: its read fds have readahead off
+//    (FADV_RANDOM), passthrough has its own fd and ends a file's verified bits when it closes,
+//    peers are served only checked blocks, and the scrubber reads with O_DIRECT.
+// Someone else writing a cache file (a stray process, a tool) changes its ctime: the agent keeps
+// each file's ctime after its own last change, and a newer one clears the file's facts. A block
+// found bad is quarantined: no read gets its bytes, it leaves the index (and meta's view: peers
+// stop being sent to it), it is punched once no hold remains, the event is counted and logged,
+// and the quarantine listener refills it (in place, when held: a passthrough open then reads
+// good bytes again).
 //
 // Thread-safe; one mutex guards the in-memory state. Block writes happen outside it; index
 // deletes and hole punches of blocks that leave happen inside it.
@@ -60,7 +75,7 @@ struct BlockHold {
   uint64_t offset = 0;
   uint32_t length = 0;
   uint64_t checksum = 0;
-  bool verified = false;             // checked against its checksum since this agent started
+  bool checked = false;              // bytes checked since this agent started (see above)
   uint64_t generation = 0;           // which stored copy of the block this is
   std::shared_ptr<const void> file;  // keeps fd open (shared with other holds of the file)
 };
@@ -91,23 +106,52 @@ class BlockCache {
   BlockHoldPtr Acquire(const BlockAddr& addr, bool record_access = true);
   // Records an access served from elsewhere (a copy in memory) as Acquire would, without a hold.
   void Touch(const BlockAddr& addr);
-  // Checks a held block's bytes against its checksum, once per agent lifetime (verify.cc).
-  // Returns: true if they are good (checked now or before); false if they are wrong: that
-  // stored copy was dropped (counted in Stats::checksum_failures) and the caller fills it again.
-  bool VerifyOnce(const BlockHold& hold);
-  // Trusts every loaded block as verified: for an agent that took over from (or reattached after)
-  // one that ran on this cache moments ago, with no writer in between. Not after a restart.
-  void MarkAllVerified();
+
+  // ---- verification (verify.cc) ----
+  // Copies [pos, pos+len) of a held block (pos: an offset in its cache file, inside the block)
+  // to dst, checked: from the page cache when the block's copy there is verified and still
+  // whole, else after reading and checking the whole block. Returns: Ok; DataLoss (the block's
+  // bytes are wrong or unreadable: it was quarantined, the caller fills it again); Unavailable
+  // (the cache file kept changing while it was read).
+  absl::Status ReadVerified(const BlockHold& hold, uint64_t pos, size_t len, char* dst);
+  // Before a held block's bytes are sent elsewhere straight from its cache file (a peer, by
+  // sendfile): checks it unless it was checked since the agent started (the receiver checks
+  // what it gets too), and, when some of its pages are not in the page cache, stops trusting
+  // its page-cache copy (the send reads them from the disk, unchecked). Returns: Ok; DataLoss
+  // (quarantined); Unavailable (the file kept changing).
+  absl::Status PrepareSend(const BlockHold& hold);
+  // Reads a resident block from the disk itself (O_DIRECT, not the page cache) and checks it:
+  // the scrubber's step. Returns: kGood (now checked); kBad (quarantined); kGone (not resident).
+  enum class ScrubResult { kGood, kBad, kGone };
+  ScrubResult ScrubBlock(const BlockAddr& addr);
+  // Takes a stored copy known bad out of service (see the header): for `generation` only, when
+  // given. Returns: true if this call quarantined it (others saw it first otherwise).
+  bool Quarantine(const BlockAddr& addr, uint64_t generation, const std::string& why);
+  // Called (on the quarantining thread, no lock held) with each block quarantined.
+  void SetQuarantineListener(std::function<void(const BlockAddr&)> listener);
+  // The page-cache copies of a file's blocks are no longer known good (the kernel read the
+  // file itself, through passthrough). Its blocks stay checked.
+  void ForgetPageChecks(const BlockAddr& any_block_of_file);
+  // True when every block of the held list is checked and the file is unchanged since: what
+  // passthrough needs. A file someone else changed loses its facts here.
+  bool AllChecked(const std::vector<std::shared_ptr<const BlockHold>>& holds);
+  // A new read-only fd of a block's cache file, for the kernel to read directly (passthrough:
+  // normal readahead, unlike the daemon's fds). Returns: what keeps it open, nullptr on error.
+  std::shared_ptr<const void> OpenBacking(const BlockAddr& addr, int* fd);
+  // Up to `max` resident blocks after `after` (or from the start), in address order, with their
+  // generations: the scrubber's walk.
+  std::vector<BlockAddr> BlocksAfter(const BlockAddr* after, size_t max);
 
   enum class InsertResult { kStored, kNotAdmitted, kNoSpace, kError };
   // Stores a block of a file of `file_size` bytes at `offset`, whose bytes the caller checked
-  // (`checksum` is theirs). Returns: kStored (also when already resident); kNotAdmitted (the
-  // policy kept the resident blocks; the caller serves the bytes without caching); kNoSpace
-  // (the disk is full); kError (a write or index error, logged).
+  // (`checksum` is theirs). A block quarantined while still held (a passthrough open reads its
+  // file) is rewritten in place and served again. Returns: kStored (also when already
+  // resident); kNotAdmitted (the policy kept the resident blocks; the caller serves the bytes
+  // without caching); kNoSpace (the disk is full); kError (a write or index error, logged).
   InsertResult Insert(const BlockAddr& addr, uint64_t file_size, uint64_t offset,
                       std::string_view data, uint64_t checksum);
-  // Forgets a block whose bytes are wrong; its range is punched once no reader holds it.
-  // With a generation, only that stored copy is dropped (not a good copy stored since).
+  // Forgets a block (its bytes conflict with meta's); its range is punched once no reader holds
+  // it. With a generation, only that stored copy is dropped (not a good copy stored since).
   // Returns: true if this call dropped it.
   bool Drop(const BlockAddr& addr, uint64_t generation = 0);
   // Returns: whether the block is resident (written and not dropped).
@@ -122,8 +166,11 @@ class BlockCache {
     uint64_t resident_blocks = 0;
     uint64_t evictions = 0;
     uint64_t not_admitted = 0;
-    uint64_t checksum_failures = 0;  // blocks dropped because their bytes on disk were wrong
-    uint64_t pinned_bytes = 0;       // prefetch pins not yet expired
+    uint64_t checksum_failures = 0;  // blocks quarantined: their bytes on disk were wrong
+    uint64_t verifications = 0;      // whole blocks checked by reads (not counting the scrubber)
+    uint64_t foreign_changes = 0;    // cache files someone else changed
+    std::vector<std::string> recent_corruptions;  // the last few, newest last: time, file, block
+    uint64_t pinned_bytes = 0;                    // prefetch pins not yet expired
     std::map<uint32_t, uint64_t> pinned_bytes_by_dataset;
   };
   Stats GetStats();
@@ -161,9 +208,10 @@ class BlockCache {
     Node* lru_next = nullptr;     // toward the least recently used
     uint32_t length = 0;
     int32_t holds = 0;
-    bool verified = false;
-    bool writing = false;  // bytes being written, not yet resident
-    bool doomed = false;   // dropped while held
+    bool verified = false;  // the page cache's copy was checked (see the header)
+    bool checked = false;   // the bytes were checked since this agent started
+    bool writing = false;   // bytes being written, not yet resident
+    bool doomed = false;    // dropped while held
   };
 
   explicit BlockCache(const Options& options);
@@ -177,7 +225,24 @@ class BlockCache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The end of a hold (the deleter of BlockHoldPtr).
   void Release(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
-  void MarkVerified(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
+  // What the agent knows of a cache file: its ctime after the agent's own last change, and how
+  // many of the agent's writes to it are under way.
+  using FileKey = std::tuple<uint32_t, uint32_t, uint64_t>;
+  struct FileState {
+    uint64_t stamp = 0;
+    uint32_t writers = 0;
+  };
+  static FileKey KeyOf(const BlockAddr& a) { return {a.dataset_id, a.version, a.file_id}; }
+  // Compares `stamp` (a ctime read now) with what the agent knows. Returns: true if they agree;
+  // false if unknown or stale (nothing is trusted for this read), clearing the file's facts when
+  // someone else changed it.
+  bool StampAgreesLocked(const BlockAddr& addr, uint64_t stamp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the agent's own change of a file (its ctime after it).
+  void OwnChangeLocked(const BlockAddr& addr, uint64_t stamp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a held block's whole copy now and, if good, marks it checked (and verified, if the file
+  // did not change meanwhile). Copies [pos, pos+len) to dst when dst is set.
+  absl::Status VerifyNow(const BlockHold& hold, uint64_t before, uint64_t pos, size_t len,
+                         char* dst) ABSL_LOCKS_EXCLUDED(mu_);
   // Chooses victims for `len` more bytes and evicts them, or says the block is not admitted.
   // Returns: true if there is room now.
   bool MakeRoom(const BlockAddr& addr, uint32_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -193,6 +258,9 @@ class BlockCache {
   CacheFiles files_;
   std::unique_ptr<BlockIndex> index_;
   std::atomic<uint64_t> checksum_failures_{0};
+  std::atomic<uint64_t> verifications_{0};
+  std::atomic<uint64_t> foreign_changes_{0};
+  std::function<void(const BlockAddr&)> quarantine_listener_;  // set once, before use
 
   absl::Mutex mu_;
   Blocks blocks_ ABSL_GUARDED_BY(mu_);
@@ -206,6 +274,8 @@ class BlockCache {
   bool disk_full_logged_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<BlockAddr> added_ ABSL_GUARDED_BY(mu_);
   std::vector<BlockAddr> removed_ ABSL_GUARDED_BY(mu_);
+  std::map<FileKey, FileState> files_state_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> corruptions_ ABSL_GUARDED_BY(mu_);  // the last 20
   // Open read-only fds by (dataset, version, file); cache files are never unlinked, only punched,
   // so an fd stays valid. Capped; holds keep their own reference when an entry is dropped.
   std::map<std::tuple<uint32_t, uint32_t, uint64_t>, std::shared_ptr<const void>> read_fds_

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <rocksdb/db.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <thread>
 
 #include "cachefs/cache/block_buffer.h"
+#include "cachefs/cache/index_record.h"
+#include "cachefs/cache/scrubber.h"
 #include "tests/testing/testing.h"
 
 namespace ember::cachefs {
@@ -96,7 +99,7 @@ TEST(BlockCacheTest, StoresInPlaceAndSurvivesReopen) {
     auto hold = cache->Acquire(a2);
     ASSERT_NE(hold, nullptr);
     EXPECT_EQ(ReadHold(*hold), b2);
-    EXPECT_TRUE(hold->verified);
+    EXPECT_TRUE(hold->checked);
     // The cache file is the dataset file, sparse where blocks are missing.
     struct stat st;
     ASSERT_EQ(stat(cache->FilePath(a0).c_str(), &st), 0);
@@ -116,7 +119,7 @@ TEST(BlockCacheTest, StoresInPlaceAndSurvivesReopen) {
   auto cache = OpenCache(dir.path(), 10ull * kBlock);
   auto hold = cache->Acquire({1, 1, 7, 0});
   ASSERT_NE(hold, nullptr);
-  EXPECT_FALSE(hold->verified);  // verified once per load
+  EXPECT_FALSE(hold->checked);  // nothing loaded from disk is trusted
   EXPECT_EQ(ReadHold(*hold), b0);
   EXPECT_EQ(hold->checksum, BlockChecksum(b0.data(), b0.size()));
   EXPECT_EQ(cache->Acquire({1, 1, 7, 1}), nullptr);
@@ -220,9 +223,43 @@ TEST(BlockCacheTest, MissingCacheFileIsForgottenOnOpen) {
   EXPECT_EQ(cache->Acquire({1, 1, 1, 0}), nullptr);
 }
 
-// The cache owns whether its bytes are verified: blocks it stored are trusted, blocks loaded
-// from the index are checked once, when first held, and a bad copy is dropped (and counted).
-TEST(BlockCacheTest, LoadedBlocksAreVerifiedOnceAndBadOnesDropped) {
+// At start, index records that do not decode, blocks beyond the end of a cache file that was
+// cut short, and blocks of a cache file that is gone are forgotten (and never served).
+TEST(BlockCacheTest, DamagedRecordsAndShortFilesAreForgottenAtStart) {
+  testing::TempDir dir;
+  std::string data(kBlock, 'k');
+  {
+    auto cache = OpenCache(dir.path(), 20ull * kBlock);
+    for (uint64_t f : {7, 8}) {
+      for (uint64_t i = 0; i < 3; i++) {
+        ASSERT_EQ(cache->Insert({1, 1, f, i}, 3ull * kBlock, i * kBlock, data,
+                                BlockChecksum(data.data(), kBlock)),
+                  BlockCache::InsertResult::kStored);
+      }
+    }
+  }
+  // File 7 cut short in its second block; a record of file 8 damaged.
+  ASSERT_EQ(truncate((dir.path() + "/blocks/1/1/7").c_str(), kBlock + 10), 0);
+  {
+    rocksdb::DB* db = nullptr;
+    rocksdb::Options o;
+    ASSERT_TRUE(rocksdb::DB::Open(o, dir.path() + "/index", &db).ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), EncodeIndexKey({1, 1, 8, 1}), "garbage").ok());
+    delete db;
+  }
+  auto cache = OpenCache(dir.path(), 20ull * kBlock);
+  EXPECT_TRUE(cache->Resident({1, 1, 7, 0}));
+  EXPECT_FALSE(cache->Resident({1, 1, 7, 1}));
+  EXPECT_FALSE(cache->Resident({1, 1, 7, 2}));
+  EXPECT_TRUE(cache->Resident({1, 1, 8, 0}));
+  EXPECT_FALSE(cache->Resident({1, 1, 8, 1}));
+  EXPECT_TRUE(cache->Resident({1, 1, 8, 2}));
+  EXPECT_EQ(cache->GetStats().resident_blocks, 3u);
+}
+
+// Reads of blocks loaded from the index are checked before any byte goes out, and a bad copy is
+// quarantined: out of the cache, counted and logged once, its listener told.
+TEST(BlockCacheTest, LoadedBlocksAreCheckedOnReadAndBadOnesQuarantined) {
   testing::TempDir dir;
   std::string good(kBlock, 'g'), bad(kBlock, 'b');
   {
@@ -233,8 +270,8 @@ TEST(BlockCacheTest, LoadedBlocksAreVerifiedOnceAndBadOnesDropped) {
     ASSERT_EQ(
         cache->Insert({1, 1, 2, 1}, 2ull * kBlock, kBlock, bad, BlockChecksum(bad.data(), kBlock)),
         BlockCache::InsertResult::kStored);
-    auto hold = cache->Acquire({1, 1, 2, 0});
-    EXPECT_TRUE(hold->verified);  // stored by this agent: its fill checked the bytes
+    EXPECT_TRUE(
+        cache->Acquire({1, 1, 2, 0})->checked);  // stored by this agent: its fill checked it
   }
   {  // Damage block 1 on disk while no agent runs.
     int fd = open((dir.path() + "/blocks/1/1/2").c_str(), O_WRONLY);
@@ -242,17 +279,140 @@ TEST(BlockCacheTest, LoadedBlocksAreVerifiedOnceAndBadOnesDropped) {
     close(fd);
   }
   auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  std::vector<BlockAddr> quarantined;
+  cache->SetQuarantineListener([&](const BlockAddr& a) { quarantined.push_back(a); });
   auto hold = cache->Acquire({1, 1, 2, 0});
   ASSERT_NE(hold, nullptr);
-  EXPECT_FALSE(hold->verified);
-  EXPECT_TRUE(cache->VerifyOnce(*hold));
-  EXPECT_TRUE(cache->Acquire({1, 1, 2, 0})->verified);  // checked once, not again
+  EXPECT_FALSE(hold->checked);  // nothing loaded from disk is trusted
+  std::string out(100, '\0');
+  ASSERT_TRUE(cache->ReadVerified(*hold, 10, 100, out.data()).ok());
+  EXPECT_EQ(out, good.substr(10, 100));
+  EXPECT_TRUE(cache->Acquire({1, 1, 2, 0})->checked);
+  EXPECT_EQ(cache->GetStats().verifications, 1u);
+  ASSERT_TRUE(cache->ReadVerified(*hold, 200, 100, out.data()).ok());
+  EXPECT_EQ(cache->GetStats().verifications, 1u);  // still in the page cache: not again
+
   auto damaged = cache->Acquire({1, 1, 2, 1});
   ASSERT_NE(damaged, nullptr);
-  EXPECT_FALSE(cache->VerifyOnce(*damaged));
+  EXPECT_EQ(cache->ReadVerified(*damaged, kBlock, 100, out.data()).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_NE(out, std::string(100, 'x'));
   EXPECT_FALSE(cache->Resident({1, 1, 2, 1}));
-  EXPECT_FALSE(cache->VerifyOnce(*damaged));  // a second reader of the same copy: counted once
+  // A second reader of the same bad copy gets no bytes either, and it is counted once.
+  EXPECT_EQ(cache->ReadVerified(*damaged, kBlock, 100, out.data()).code(),
+            absl::StatusCode::kDataLoss);
   EXPECT_EQ(cache->GetStats().checksum_failures, 1u);
+  ASSERT_EQ(cache->GetStats().recent_corruptions.size(), 1u);
+  EXPECT_NE(cache->GetStats().recent_corruptions[0].find("blocks/1/1/2"), std::string::npos);
+  EXPECT_EQ(quarantined, (std::vector<BlockAddr>{{1, 1, 2, 1}}));
+  std::vector<BlockAddr> added, removed;
+  cache->TakeChanges(&added, &removed);
+  EXPECT_EQ(removed, (std::vector<BlockAddr>{{1, 1, 2, 1}}));  // meta stops sending peers here
+}
+
+// Someone else writing a cache file (through the page cache, so no eviction is needed) is seen
+// by its ctime: the file's blocks are checked again, and the bad one is never served.
+TEST(BlockCacheTest, AForeignWriteIsCaughtAtTheNextRead) {
+  testing::TempDir dir;
+  std::string data(2 * kBlock, 'd');
+  auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  for (uint64_t i = 0; i < 2; i++) {
+    ASSERT_EQ(cache->Insert({1, 1, 3, i}, 2ull * kBlock, i * kBlock, data.substr(0, kBlock),
+                            BlockChecksum(data.data(), kBlock)),
+              BlockCache::InsertResult::kStored);
+  }
+  auto h0 = cache->Acquire({1, 1, 3, 0});
+  auto h1 = cache->Acquire({1, 1, 3, 1});
+  std::string out(64, '\0');
+  ASSERT_TRUE(cache->ReadVerified(*h0, 0, 64, out.data()).ok());
+  ASSERT_TRUE(cache->ReadVerified(*h1, kBlock, 64, out.data()).ok());
+  int fd = open((dir.path() + "/blocks/1/1/3").c_str(), O_WRONLY);
+  ASSERT_EQ(pwrite(fd, "XXXX", 4, kBlock + 8), 4);
+  close(fd);
+  EXPECT_EQ(cache->ReadVerified(*h1, kBlock, 64, out.data()).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(out.substr(8, 4) == "XXXX", false);
+  // The untouched block is checked again (its file changed) and served.
+  const uint64_t before = cache->GetStats().verifications;
+  ASSERT_TRUE(cache->ReadVerified(*h0, 0, 64, out.data()).ok());
+  EXPECT_EQ(out, data.substr(0, 64));
+  EXPECT_EQ(cache->GetStats().verifications, before + 1);
+  EXPECT_EQ(cache->GetStats().foreign_changes, 1u);
+  EXPECT_FALSE(cache->AllChecked({h0, h1}));
+}
+
+// A block whose pages left the page cache is checked again when next read (its copy on disk may
+// have rotted meanwhile); one still in memory is not.
+TEST(BlockCacheTest, PagesThatLeftMemoryAreCheckedAgain) {
+  testing::TempDir dir;
+  std::string data(kBlock, 'p');
+  auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  ASSERT_EQ(cache->Insert({1, 1, 4, 0}, kBlock, 0, data, BlockChecksum(data.data(), kBlock)),
+            BlockCache::InsertResult::kStored);
+  auto h = cache->Acquire({1, 1, 4, 0});
+  std::string out(4096, '\0');
+  ASSERT_TRUE(cache->ReadVerified(*h, 4096, 4096, out.data()).ok());
+  ASSERT_TRUE(cache->ReadVerified(*h, 8192, 4096, out.data()).ok());
+  EXPECT_EQ(cache->GetStats().verifications, 1u);
+  // Evict the file's (clean) pages from the page cache.
+  int fd = open((dir.path() + "/blocks/1/1/4").c_str(), O_RDONLY);
+  ASSERT_EQ(fsync(fd), 0);  // clean pages can be dropped
+  ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  close(fd);
+  ASSERT_TRUE(cache->ReadVerified(*h, 8192, 4096, out.data()).ok());
+  EXPECT_EQ(out, data.substr(8192, 4096));
+  EXPECT_EQ(cache->GetStats().verifications, 2u);
+}
+
+// A quarantined block that is still held (a passthrough open reads its file) is written again in
+// place when refilled: the holder's fd then reads the good bytes.
+TEST(BlockCacheTest, AHeldQuarantinedBlockIsRepairedInPlace) {
+  testing::TempDir dir;
+  std::string good(kBlock, 'r');
+  auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  ASSERT_EQ(cache->Insert({1, 1, 5, 0}, kBlock, 0, good, BlockChecksum(good.data(), kBlock)),
+            BlockCache::InsertResult::kStored);
+  auto held = cache->Acquire({1, 1, 5, 0});
+  int fd = open((dir.path() + "/blocks/1/1/5").c_str(), O_WRONLY);
+  ASSERT_EQ(pwrite(fd, "bad", 3, 100), 3);
+  close(fd);
+  std::string out(16, '\0');
+  ASSERT_EQ(cache->ReadVerified(*held, 96, 16, out.data()).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(cache->Resident({1, 1, 5, 0}));
+  EXPECT_EQ(cache->Insert({1, 1, 5, 0}, kBlock, 0, good, BlockChecksum(good.data(), kBlock)),
+            BlockCache::InsertResult::kStored);
+  EXPECT_TRUE(cache->Resident({1, 1, 5, 0}));
+  ASSERT_EQ(pread(held->fd, out.data(), 16, 96), 16);
+  EXPECT_EQ(out, good.substr(96, 16));
+  auto again = cache->Acquire({1, 1, 5, 0});
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again->generation, held->generation);
+  EXPECT_TRUE(cache->ReadVerified(*again, 96, 16, out.data()).ok());
+  held.reset();  // the old hold's end does not punch the repaired block
+  EXPECT_TRUE(cache->Resident({1, 1, 5, 0}));
+}
+
+// The scrubber reads every block from the disk at its pace and quarantines a bad one that nobody
+// reads.
+TEST(BlockCacheTest, TheScrubberFindsABadBlockNobodyReads) {
+  testing::TempDir dir;
+  std::string data(kBlock, 's');
+  auto cache = OpenCache(dir.path(), 10ull * kBlock);
+  for (uint64_t i = 0; i < 3; i++) {
+    ASSERT_EQ(cache->Insert({1, 1, 6, i}, 3ull * kBlock, i * kBlock, data,
+                            BlockChecksum(data.data(), kBlock)),
+              BlockCache::InsertResult::kStored);
+  }
+  int fd = open((dir.path() + "/blocks/1/1/6").c_str(), O_WRONLY);
+  ASSERT_EQ(pwrite(fd, "rot", 3, 2 * kBlock + 77), 3);
+  fsync(fd);
+  close(fd);
+  Scrubber scrubber(cache.get(), 64ull << 20);
+  ASSERT_TRUE(testing::WaitFor([&] { return !cache->Resident({1, 1, 6, 2}); }));
+  EXPECT_TRUE(cache->Resident({1, 1, 6, 0}));
+  EXPECT_TRUE(testing::WaitFor([&] { return scrubber.GetProgress().passes >= 1; }));
+  const Scrubber::Progress p = scrubber.GetProgress();
+  EXPECT_EQ(p.bad, 1u);
+  EXPECT_GE(p.blocks, 3u);
 }
 
 TEST(BlockCacheTest, UnwritableDirIsAClearError) {

@@ -4,6 +4,8 @@
 #include <linux/falloc.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -57,6 +59,39 @@ bool PreadFull(int fd, uint64_t offset, size_t len, char* buf) {
   return true;
 }
 
+bool PreadCached(int fd, uint64_t offset, size_t len, char* buf) {
+  size_t done = 0;
+  while (done < len) {
+    iovec iov{buf + done, len - done};
+    ssize_t n = preadv2(fd, &iov, 1, static_cast<off_t>(offset + done), RWF_NOWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;  // EAGAIN: some page is not in the page cache
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool PagesCached(int fd, uint64_t offset, size_t len) {
+  // linux/mman.h of 6.5+; Debian bookworm's headers predate it.
+  struct Range {
+    uint64_t off, len;
+  } range{offset, len};
+  struct Stat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+  } st{};
+  constexpr long kCachestat = 451;
+  if (syscall(kCachestat, fd, &range, &st, 0) != 0) return false;
+  const uint64_t first = offset / 4096, last = (offset + len + 4095) / 4096;
+  return st.nr_cache >= last - first;
+}
+
+uint64_t ChangeStamp(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ctim.tv_sec) * 1'000'000'000u +
+         static_cast<uint64_t>(st.st_ctim.tv_nsec);
+}
+
 CacheFiles::CacheFiles(std::string dir, bool direct_writes)
     : dir_(std::move(dir)), direct_writes_(direct_writes) {}
 
@@ -65,7 +100,7 @@ std::string CacheFiles::FilePath(const BlockAddr& a) const {
 }
 
 int CacheFiles::WriteBlock(const BlockAddr& addr, uint64_t file_size, uint64_t offset,
-                           std::string_view data) {
+                           std::string_view data, uint64_t* stamp) {
   const size_t len = data.size();
   std::string path = FilePath(addr);
   int err = 0;
@@ -106,18 +141,50 @@ int CacheFiles::WriteBlock(const BlockAddr& addr, uint64_t file_size, uint64_t o
     fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
               static_cast<off_t>(len));
   }
+  *stamp = ChangeStamp(fd);
   close(fd);
   return err;
 }
 
-void CacheFiles::PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t length) {
+uint64_t CacheFiles::PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t length) {
   int fd = open(FilePath(addr).c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return;
+  if (fd < 0) return 0;
   if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                 length) != 0) {
     spdlog::warn("cache: cannot punch hole in {}: {}", FilePath(addr), strerror(errno));
   }
+  const uint64_t stamp = ChangeStamp(fd);
   close(fd);
+  return stamp;
+}
+
+bool CacheFiles::ReadFromDisk(const BlockAddr& addr, uint64_t offset, size_t len, char* buf) {
+  const std::string path = FilePath(addr);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  const bool direct = fd >= 0;
+  if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);  // no O_DIRECT here
+  if (fd < 0) return false;
+  bool ok;
+  if (direct && offset % kDirectAlign == 0) {
+    // Whole pages: the last block of a file ends where the file does, so read up to the page
+    // boundary and accept a short read past the end of the file.
+    const size_t padded = (len + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    size_t done = 0;
+    ok = true;
+    while (done < len) {
+      ssize_t n = pread(fd, buf + done, padded - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ok = false;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+  } else {
+    ok = PreadFull(fd, offset, len, buf);
+  }
+  close(fd);
+  return ok;
 }
 
 }  // namespace ember::cachefs

@@ -21,6 +21,15 @@ namespace ember::cachefs {
 // Reads exactly len bytes at offset (retrying short reads and EINTR). Returns: false on an error
 // or EOF.
 bool PreadFull(int fd, uint64_t offset, size_t len, char* buf);
+// The same, only from the page cache (preadv2 RWF_NOWAIT). Returns: false when any byte would
+// have to come from the disk (or on an error).
+bool PreadCached(int fd, uint64_t offset, size_t len, char* buf);
+// Whether every page of [offset, offset+len) of the file is in the page cache now (the
+// cachestat syscall, Linux 6.5+). Returns: false when not, or when that cannot be told.
+bool PagesCached(int fd, uint64_t offset, size_t len);
+// The file's ctime in nanoseconds (0 if fstat fails): it changes with every write, truncate or
+// hole punch, whoever makes it.
+uint64_t ChangeStamp(int fd);
 
 class CacheFiles {
  public:
@@ -32,11 +41,17 @@ class CacheFiles {
   std::string FilePath(const BlockAddr& addr) const;
 
   // Writes a block's bytes at `offset` of its cache file (created, and grown to `file_size`, as
-  // needed). A failed write leaves its range punched. Returns: 0, or the errno of the failure
-  // (ENOSPC / EDQUOT for a full disk).
-  int WriteBlock(const BlockAddr& addr, uint64_t file_size, uint64_t offset, std::string_view data);
+  // needed). A failed write leaves its range punched. *stamp gets the file's ChangeStamp after
+  // the write. Returns: 0, or the errno of the failure (ENOSPC / EDQUOT for a full disk).
+  int WriteBlock(const BlockAddr& addr, uint64_t file_size, uint64_t offset, std::string_view data,
+                 uint64_t* stamp);
   // Frees a block's range of its cache file (fallocate PUNCH_HOLE); logs a failure.
-  void PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t length);
+  // Returns: the file's ChangeStamp after it (0 if the file cannot be opened).
+  uint64_t PunchHole(const BlockAddr& addr, uint64_t offset, uint32_t length);
+  // Reads [offset, offset+len) of a block's cache file from the disk, past the page cache
+  // (O_DIRECT; buffered where the file system refuses it) into buf, which must be
+  // BlockBuffer-aligned with room for len rounded up to 4 KiB. Returns: false on an error.
+  bool ReadFromDisk(const BlockAddr& addr, uint64_t offset, size_t len, char* buf);
 
   const std::string& dir() const { return dir_; }
 

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <set>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "cachefs/cache/block_cache.h"
@@ -56,28 +56,24 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
 }
 
 size_t BlockCache::LoadIndex() {
-  // Forget blocks whose file is gone or short (each file is looked at once).
-  std::set<std::string> missing_files, present_files;
+  // Forget blocks whose file is gone, or too short to hold them (each file is looked at once).
+  std::map<std::string, uint64_t> file_sizes;  // path -> size; missing files count as 0
   return index_->Load([&](const IndexRecord& rec) {
     mu_.AssertHeld();  // called back from within Load, under the caller's lock
     const BlockAddr a = rec.addr;
+    const std::string path = FilePath(a);
+    auto size = file_sizes.find(path);
+    if (size == file_sizes.end()) {
+      struct stat st;
+      size = file_sizes.emplace(path, stat(path.c_str(), &st) == 0 ? st.st_size : 0).first;
+    }
+    if (size->second < rec.offset + rec.length) return false;
     Entry e;
     e.checksum = rec.checksum;
     e.offset = rec.offset;
     e.length = rec.length;
     e.pinned_until_ms = rec.pinned_until_ms;
     e.generation = next_generation_++;
-    std::string path = FilePath(a);
-    if (!present_files.count(path)) {
-      struct stat st;
-      bool ok = !missing_files.count(path) && stat(path.c_str(), &st) == 0 &&
-                static_cast<uint64_t>(st.st_size) >= e.offset + e.length;
-      if (!ok) {
-        missing_files.insert(path);
-        return false;
-      }
-      present_files.insert(path);
-    }
     used_ += e.length;
     auto [node, inserted] = blocks_.emplace(a, e);
     // Loaded in key order; all start as the least recent, in that order.

@@ -1,31 +1,144 @@
-// Verification: the cache owns whether its bytes are known good. A block stored by this agent
-// was checked by its fill; one loaded from the index is checked the first time it is served
-// (VerifyOnce); `ember cache verify` checks them all (VerifyAll).
+// Verification: the cache owns whether its bytes are known good (see block_cache.h). Reads are
+// checked (ReadVerified), blocks sent to peers are checked (EnsureVerified), the scrubber checks
+// the disk itself (ScrubBlock), and a bad block is quarantined (Quarantine). `ember cache
+// verify` checks everything of a stopped node (VerifyAll).
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <ctime>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cachefs/cache/block_buffer.h"
 #include "cachefs/cache/block_cache.h"
 
 namespace ember::cachefs {
+namespace {
 
-bool BlockCache::VerifyOnce(const BlockHold& hold) {
-  if (hold.verified) return true;
-  std::string buf(hold.length, '\0');
-  if (PreadFull(hold.fd, hold.offset, hold.length, buf.data()) &&
-      BlockChecksum(buf.data(), buf.size()) == hold.checksum) {
-    MarkVerified(hold.addr);
-    return true;
+constexpr size_t kRecentCorruptions = 20;
+
+}  // namespace
+
+absl::Status BlockCache::ReadVerified(const BlockHold& hold, uint64_t pos, size_t len, char* dst) {
+  for (int attempt = 0; attempt < 3; attempt++) {
+    const uint64_t before = ChangeStamp(hold.fd);
+    bool verified = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = blocks_.find(hold.addr);
+      verified = it != blocks_.end() && it->second.generation == hold.generation &&
+                 !it->second.doomed && StampAgreesLocked(hold.addr, before) && it->second.verified;
+    }
+    // A checked copy still wholly in the page cache, and nobody wrote the file meanwhile (a
+    // write changes the ctime before it changes the bytes).
+    if (verified && PreadCached(hold.fd, pos, len, dst) && ChangeStamp(hold.fd) == before) {
+      return absl::OkStatus();
+    }
+    absl::Status st = VerifyNow(hold, before, pos, len, dst);
+    if (!absl::IsAborted(st)) return st;
   }
-  // Concurrent readers of the same bad copy: the one that drops it counts and logs it.
-  if (Drop(hold.addr, hold.generation)) {
-    checksum_failures_++;
-    spdlog::error("cache: block {}/{}/{}/{} failed its checksum on disk; dropped, refetching",
-                  hold.addr.dataset_id, hold.addr.version, hold.addr.file_id, hold.addr.index);
+  return absl::UnavailableError(
+      absl::StrCat("cache file ", FilePath(hold.addr), " kept changing while it was read"));
+}
+
+absl::Status BlockCache::PrepareSend(const BlockHold& hold) {
+  for (int attempt = 0; attempt < 3; attempt++) {
+    const uint64_t before = ChangeStamp(hold.fd);
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = blocks_.find(hold.addr);
+      if (it == blocks_.end() || it->second.generation != hold.generation || it->second.doomed) {
+        return absl::DataLossError("the block left the cache");
+      }
+      if (StampAgreesLocked(hold.addr, before) && it->second.checked) {
+        if (it->second.verified && !PagesCached(hold.fd, hold.offset, hold.length)) {
+          it->second.verified = false;  // the send brings pages from the disk, unchecked
+        }
+        return absl::OkStatus();
+      }
+    }
+    absl::Status st = VerifyNow(hold, before, 0, 0, nullptr);
+    if (!absl::IsAborted(st)) return st;
   }
-  return false;
+  return absl::UnavailableError(
+      absl::StrCat("cache file ", FilePath(hold.addr), " kept changing while it was read"));
+}
+
+absl::Status BlockCache::VerifyNow(const BlockHold& hold, uint64_t before, uint64_t pos, size_t len,
+                                   char* dst) {
+  BlockBuffer buf(hold.length);
+  const bool read = PreadFull(hold.fd, hold.offset, hold.length, buf.data());
+  const uint64_t after = ChangeStamp(hold.fd);
+  const bool good = read && BlockChecksum(buf.data(), hold.length) == hold.checksum;
+  if (!good && after != before) {
+    return absl::AbortedError("the file changed while it was read");  // ours, maybe: look again
+  }
+  if (!good) {
+    Quarantine(hold.addr, hold.generation,
+               read ? "its bytes do not match its checksum" : "it cannot be read");
+    return absl::DataLossError(absl::StrCat("block ", hold.addr.index, " of cache file ",
+                                            FilePath(hold.addr), " was bad; quarantined"));
+  }
+  verifications_++;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(hold.addr);
+    if (it != blocks_.end() && it->second.generation == hold.generation && !it->second.doomed &&
+        after == before && StampAgreesLocked(hold.addr, after)) {
+      it->second.checked = true;
+      it->second.verified = true;  // its pages are in the page cache now, just checked
+    }
+  }
+  if (dst != nullptr) std::memcpy(dst, buf.data() + (pos - hold.offset), len);
+  return absl::OkStatus();
+}
+
+BlockCache::ScrubResult BlockCache::ScrubBlock(const BlockAddr& addr) {
+  BlockHoldPtr hold = Acquire(addr, /*record_access=*/false);
+  if (!hold) return ScrubResult::kGone;
+  const uint64_t before = ChangeStamp(hold->fd);
+  BlockBuffer buf((hold->length + BlockBuffer::kAlign - 1) / BlockBuffer::kAlign *
+                  BlockBuffer::kAlign);
+  const bool read = files_.ReadFromDisk(addr, hold->offset, hold->length, buf.data());
+  const uint64_t after = ChangeStamp(hold->fd);
+  if (read && BlockChecksum(buf.data(), hold->length) == hold->checksum) {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(addr);
+    if (it != blocks_.end() && it->second.generation == hold->generation && !it->second.doomed &&
+        after == before && StampAgreesLocked(addr, after)) {
+      it->second.checked = true;
+    }
+    return ScrubResult::kGood;
+  }
+  if (after != before) return ScrubResult::kGood;  // changed under the read: the next pass looks
+  Quarantine(addr, hold->generation,
+             read ? "the scrubber found its bytes on disk do not match its checksum"
+                  : "the scrubber cannot read it");
+  return ScrubResult::kBad;
+}
+
+bool BlockCache::Quarantine(const BlockAddr& addr, uint64_t generation, const std::string& why) {
+  std::string event;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(addr);
+    if (it == blocks_.end() || it->second.writing || it->second.doomed) return false;
+    if (generation != 0 && it->second.generation != generation) return false;
+    const std::string when =
+        absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(), absl::UTCTimeZone());
+    event = absl::StrCat(when, " block ", addr.index, " of ", FilePath(addr), ": ", why);
+    corruptions_.push_back(event);
+    if (corruptions_.size() > kRecentCorruptions) corruptions_.erase(corruptions_.begin());
+    RemoveLocked(it, false);  // out of the index and of meta's view; punched once unheld
+  }
+  checksum_failures_++;
+  spdlog::error("cache: quarantined {}; refilling it from a peer or the origin", event);
+  if (quarantine_listener_) quarantine_listener_(addr);
+  return true;
 }
 
 BlockCache::VerifyReport BlockCache::VerifyAll(

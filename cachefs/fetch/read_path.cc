@@ -10,10 +10,11 @@ constexpr int kWriterThreads = 2;
 }  // namespace
 
 ReadPath::ReadPath(BlockCache* cache, origin::Origin* origin, ChecksumBook* checksums,
-                   const Options& options, PeerFetcher* peers)
+                   const Options& options, PeerFetcher* peers, Scrubber* scrubber)
     : cache_(cache),
       checksums_(checksums),
       peers_(peers),
+      scrubber_(scrubber),
       options_(options),
       sources_(origin, peers, checksums),
       recent_(options.recent_blocks + std::max(0, options.readahead_blocks)),
@@ -51,55 +52,72 @@ std::unique_ptr<ReadStream> ReadPath::OpenStream(const FileRef& file) const {
   return std::make_unique<ReadStream>(file);
 }
 
-absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, size_t size) {
+absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, size_t size,
+                                          char* buf) {
   // Sequential reader: queue the next blocks once per block boundary crossed.
   auto [first, count] = stream.Advance(offset, size, options_.readahead_blocks);
   if (count > 0) readahead_->Queue(stream.file(), first, count);
-  return ReadBlocks(stream.file(), offset, size, &stream);
+  return ReadBlocks(stream.file(), offset, size, &stream, buf);
 }
 
-absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size) {
-  return ReadBlocks(file, offset, size, nullptr);
+absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size,
+                                          char* buf) {
+  return ReadBlocks(file, offset, size, nullptr, buf);
 }
 
 absl::StatusOr<ReadResult> ReadPath::ReadBlocks(const FileRef& file, uint64_t offset, size_t size,
-                                                ReadStream* stream) {
+                                                ReadStream* stream, char* buf) {
   ReadResult result;
   const uint64_t file_size = file.origin.size;
   if (offset >= file_size || size == 0) return result;
   const uint64_t end = std::min<uint64_t>(file_size, offset + size);
+  if (buf == nullptr) {
+    auto owned = std::make_shared<std::vector<char>>(end - offset);
+    buf = owned->data();
+    result.holds.push_back(std::move(owned));
+  }
   const uint64_t bs = file.block_size;
   for (uint64_t index = offset / bs; index * bs < end; index++) {
     const bool count = stream == nullptr || stream->Enter(index);
-    auto block = GetBlock(file, index, count);
-    if (!block.ok()) return block.status();
-    uint64_t block_start = index * bs;
-    uint64_t from = std::max(offset, block_start);
-    uint64_t to = std::min(end, block_start + bs);
+    const uint64_t block_start = index * bs;
+    const uint64_t from = std::max(offset, block_start);
+    const uint64_t to = std::min(end, block_start + bs);
     Segment seg;
     seg.len = to - from;
-    if (block->hold) {
-      seg.fd = block->hold->fd;
-      seg.pos = from;  // blocks sit at their natural offsets in the cache file
-      if (!block->filled) bytes_cache_ += seg.len;
-      result.holds.push_back(block->hold);
-      // Merge with the previous segment when it is the same cache file and contiguous.
-      if (!result.segments.empty()) {
-        Segment& prev = result.segments.back();
-        if (prev.fd >= 0 && prev.pos + prev.len == seg.pos) {
-          // Different holds hold different fds of the same file; keep the first fd.
-          prev.len += seg.len;
-          result.total += seg.len;
-          continue;
-        }
+    for (int attempt = 0;; attempt++) {
+      auto block = GetBlock(file, index, count && attempt == 0);
+      if (!block.ok()) return block.status();
+      if (!block->hold) {
+        if (!block->filled) bytes_cache_ += seg.len;  // a recent block kept in memory
+        seg.data = block->data->data() + (from - block_start);
+        result.holds.push_back(std::move(block->data));
+        break;
       }
-    } else {
-      if (!block->filled) bytes_cache_ += seg.len;  // a recent block kept in memory
-      seg.mem = block->data;
-      seg.mem_off = from - block_start;
+      // Cached: checked into the reply buffer, at this piece's place in the reply.
+      char* dst = buf + (from - offset);
+      absl::Status st = cache_->ReadVerified(*block->hold, from, seg.len, dst);
+      if (st.ok()) {
+        if (!block->filled) bytes_cache_ += seg.len;
+        seg.data = dst;
+        break;
+      }
+      // Quarantined (bad bytes on disk): filled again from a peer or the origin, as a miss.
+      if (!absl::IsDataLoss(st) || attempt >= 2) return st;
+    }
+    // Contiguous pieces of the reply buffer make one segment.
+    if (!result.segments.empty()) {
+      Segment& prev = result.segments.back();
+      const char* const reply_end = buf + (end - offset);
+      const bool both_in_buf =
+          prev.data >= buf && prev.data < reply_end && seg.data >= buf && seg.data < reply_end;
+      if (both_in_buf && prev.data + prev.len == seg.data) {
+        prev.len += seg.len;
+        result.total += seg.len;
+        continue;
+      }
     }
     result.total += seg.len;
-    result.segments.push_back(std::move(seg));
+    result.segments.push_back(seg);
   }
   return result;
 }
@@ -118,7 +136,6 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       return BlockBytes{nullptr, std::move(recent), filled};
     }
     if (auto hold = cache_->Acquire(addr, count)) {
-      if (!cache_->VerifyOnce(*hold)) continue;  // dropped; fill it again
       if (!filled) hits_++;
       return BlockBytes{std::move(hold), nullptr, filled};
     }
@@ -134,20 +151,48 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       absl::StrCat("block ", index, " of ", file.origin.path, " could not be read after retries"));
 }
 
-absl::StatusOr<FileSystem::Backing> ReadPath::HoldFile(const FileRef& file) {
+namespace {
+
+// What a passthrough open holds: every block of the file, and a fd of its own. When it ends, the
+// kernel has been reading the file's pages itself, unchecked: the cache stops trusting them.
+struct PassthroughHold {
+  std::vector<BlockHoldPtr> holds;
+  std::shared_ptr<const void> fd;
+  BlockCache* cache = nullptr;
+  ~PassthroughHold() {
+    if (!holds.empty()) cache->ForgetPageChecks(holds.front()->addr);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<FileSystem::Backing> ReadPath::HoldFile(const FileRef& file, bool verified_only) {
   if (file.origin.size == 0) return absl::NotFoundError("empty file: nothing to read");
   const uint64_t blocks = file.Blocks();
-  auto holds = std::make_shared<std::vector<BlockHoldPtr>>();
-  holds->reserve(blocks);
+  auto hold = std::make_shared<PassthroughHold>();
+  hold->cache = cache_;
+  hold->holds.reserve(blocks);
   for (uint64_t i = 0; i < blocks; i++) {
-    auto hold = cache_->Acquire(file.Block(i));
-    if (!hold) return absl::NotFoundError(absl::StrCat("block ", i, " is not resident"));
-    if (!cache_->VerifyOnce(*hold)) {
-      return absl::NotFoundError(absl::StrCat("block ", i, " was bad"));
-    }
-    holds->push_back(std::move(hold));
+    auto h = cache_->Acquire(file.Block(i));
+    if (!h) return absl::NotFoundError(absl::StrCat("block ", i, " is not resident"));
+    hold->holds.push_back(std::move(h));
   }
-  return FileSystem::Backing{holds->front()->fd, holds};
+  if (verified_only && !cache_->AllChecked(hold->holds)) {
+    // Not checked since the agent started (or changed since): this open is served by the
+    // daemon, which checks what it reads; the scrubber checks the rest for the next open.
+    if (scrubber_ != nullptr) {
+      std::vector<BlockAddr> unchecked;
+      for (const auto& h : hold->holds) {
+        if (!h->checked) unchecked.push_back(h->addr);
+      }
+      scrubber_->CheckSoon(unchecked);
+    }
+    return absl::NotFoundError("not every block is checked since the agent started");
+  }
+  int fd = -1;
+  hold->fd = cache_->OpenBacking(file.Block(0), &fd);
+  if (!hold->fd) return absl::NotFoundError("the cache file cannot be opened");
+  return FileSystem::Backing{fd, hold};
 }
 
 std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, bool allow_origin,

@@ -12,15 +12,16 @@
 //
 // For each block of a read:
 //   1. one of the last blocks filled, still in memory -> its bytes;
-//   2. resident -> a hold on it; the first time this agent serves it, the cache re-reads it and
-//      checks its XXH3 (BlockCache::VerifyOnce: a mismatch drops the block and it is filled
-//      again; wrong bytes never go out);
+//   2. resident -> a hold on it, and its bytes copied into the reply buffer checked
+//      (BlockCache::ReadVerified: from the page cache when its copy there is verified and
+//      whole, else after the whole block is read and checked; a bad block is quarantined and
+//      filled again, as a miss: wrong bytes never go out);
 //   3. miss -> join the fill in flight for that block, or lead one: FillSources fetches and
 //      checks the bytes, the readers waiting get them from memory, then WriteBehind claims the
 //      checksum (if meta did not know it) and stores the block. A block whose claim conflicts is
 //      not stored, and later reads of it fail.
-// The reply carries held cache blocks as (fd, offset) segments and filled bytes from memory: the
-// libfuse binding splices the fds, the kernel binding preads them into its reply buffer.
+// The reply's bytes are in memory: cached bytes copied into the caller's reply buffer (the
+// kernel binding's buffer or io_uring payload), filled bytes in their fill's buffer.
 //
 // Thread-safe. No two of the parts' locks are held together: each part locks only its own
 // state and calls the next one with its lock released.
@@ -33,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "cachefs/cache/block_cache.h"
+#include "cachefs/cache/scrubber.h"
 #include "cachefs/fetch/checksum_book.h"
 #include "cachefs/fetch/file_ref.h"
 #include "cachefs/fetch/fill_sources.h"
@@ -67,22 +69,25 @@ class ReadPath {
     // the cache file, and a block not admitted to the cache (policy, full disk) is fetched once.
     size_t recent_blocks = 2;
   };
-  // `peers` may be null: misses then go straight to the origin. Everything passed must outlive
-  // this.
-  ReadPath(BlockCache* cache, origin::Origin* origin, ChecksumBook* checksums, const Options& options,
-           PeerFetcher* peers = nullptr);
+  // `peers` may be null: misses then go straight to the origin; `scrubber` may be null. Everything
+  // passed must outlive this.
+  ReadPath(BlockCache* cache, origin::Origin* origin, ChecksumBook* checksums,
+           const Options& options, PeerFetcher* peers = nullptr, Scrubber* scrubber = nullptr);
   // Ends readahead, then stores what write-behind has queued.
   ~ReadPath();
 
   // One open file's reading state (readahead window, block visits): see readahead.h.
   std::unique_ptr<ReadStream> OpenStream(const FileRef& file) const;
-  // Reads [offset, offset+size) for an open file, reading ahead of a sequential reader.
+  // Reads [offset, offset+size) for an open file, reading ahead of a sequential reader. `buf`:
+  // room for `size` bytes, where cached bytes go (null: the result owns a buffer).
   // Returns: the segments covering the range clipped to the file size (holding what keeps them
   // valid); the fill's error when a block cannot be had: NotFound / FailedPrecondition /
   // Unavailable from the origin, FailedPrecondition when the origin changed in place.
-  absl::StatusOr<ReadResult> Read(ReadStream& stream, uint64_t offset, size_t size);
+  absl::StatusOr<ReadResult> Read(ReadStream& stream, uint64_t offset, size_t size,
+                                  char* buf = nullptr);
   // The same for a one-off read, without readahead; every block read counts as an access.
-  absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size);
+  absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size,
+                                  char* buf = nullptr);
 
   // Where a block made resident came from.
   enum class Source { kResident, kPeer, kOrigin };
@@ -93,10 +98,14 @@ class ReadPath {
   absl::StatusOr<Source> MakeResident(const FileRef& file, uint64_t index, bool allow_origin,
                                       const std::function<void(uint64_t bytes)>& before_origin);
 
-  // Holds every block of a file that is wholly resident, verifying blocks not yet checked since
-  // the agent started, for passthrough reads of its cache file. Returns: the file's cache fd
-  // (valid while the hold lives) and the hold; NotFound if a block is missing or was bad.
-  absl::StatusOr<FileSystem::Backing> HoldFile(const FileRef& file);
+  // Holds every block of a file that is wholly resident and checked since the agent started,
+  // for passthrough reads of its cache file (a fd of its own, with readahead). Blocks not yet
+  // checked are handed to the scrubber, so a later open can have passthrough. When the hold
+  // ends, the page-cache copies of the file are no longer trusted (the kernel read them). With
+  // verified_only false the blocks are held whether checked or not (the kernel reads the file
+  // already: a takeover). Returns: the fd (valid while the hold lives) and the hold; NotFound
+  // if a block is missing or not checked.
+  absl::StatusOr<FileSystem::Backing> HoldFile(const FileRef& file, bool verified_only = true);
 
   ReadStats GetStats() const;
   // Retries the checksum claims that waited while meta was unreachable (the agent calls it);
@@ -111,7 +120,7 @@ class ReadPath {
   };
 
   absl::StatusOr<ReadResult> ReadBlocks(const FileRef& file, uint64_t offset, size_t size,
-                                        ReadStream* stream);
+                                        ReadStream* stream, char* buf);
   // `count`: tell the cache policy of this access (not for readahead, nor again for the block
   // a reader is already in).
   absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index, bool count = true);
@@ -128,6 +137,7 @@ class ReadPath {
   BlockCache* const cache_;
   ChecksumBook* const checksums_;
   PeerFetcher* const peers_;
+  Scrubber* const scrubber_;
   const Options options_;
   FillSources sources_;
   SingleFlight inflight_;

@@ -86,33 +86,19 @@ void OpRead(const Request& r) {
   const auto* in = r.Args<fuse_read_in>();
   if (in == nullptr) return;
   std::shared_ptr<FileSystem::FileHandle> handle = r.files->Handle(in->fh);
-  auto res = r.fs->Read(r.h.nodeid, handle.get(), in->offset, std::min<size_t>(in->size, kMaxRead));
-  if (!res.ok()) return ReplyError(r.ch, r.unique(), ToErrno(res.status()));
-  // Bytes in memory go out as they are; bytes in cache files are read into a buffer (the ring
-  // entry's payload, when the request came through one: no copy after).
-  std::vector<iovec> iov(1);
-  const bool in_payload = r.ch.ring != nullptr && res->total <= r.ch.ring->capacity;
+  const size_t size = std::min<size_t>(in->size, kMaxRead);
+  // Bytes from the cache are copied (checked) straight into the reply buffer: the ring entry's
+  // payload when the request came through one (no copy after), else this thread's scratch.
+  const bool in_payload = r.ch.ring != nullptr && size <= r.ch.ring->capacity;
   std::vector<char>& scratch = *r.scratch;
-  if (!in_payload && scratch.size() < res->total) scratch.resize(std::max(res->total, kMaxRead));
+  if (!in_payload && scratch.size() < size) scratch.resize(std::max(size, kMaxRead));
   char* base = in_payload ? r.ch.ring->payload : scratch.data();
-  size_t used = 0;
-  for (const auto& s : res->segments) {
-    if (s.fd >= 0) {
-      char* dst = base + used;
-      size_t got = 0;
-      while (got < s.len) {
-        ssize_t k = pread(s.fd, dst + got, s.len - got, static_cast<off_t>(s.pos + got));
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return ReplyError(r.ch, r.unique(), EIO);
-        got += static_cast<size_t>(k);
-      }
-      iov.push_back({dst, s.len});
-      used += s.len;
-    } else {
-      iov.push_back({const_cast<char*>(s.mem->data() + s.mem_off), s.len});
-      if (in_payload) used += s.len;  // laid out in order: ReplyIov copies it there
-    }
-  }
+  auto res = r.fs->Read(r.h.nodeid, handle.get(), in->offset, size, base);
+  if (!res.ok()) return ReplyError(r.ch, r.unique(), ToErrno(res.status()));
+  // Segments are in reply order; ReplyIov copies those not already in place into a payload.
+  std::vector<iovec> iov(1);
+  iov.reserve(res->segments.size() + 1);
+  for (const auto& s : res->segments) iov.push_back({const_cast<char*>(s.data), s.len});
   ReplyIov(r.ch, r.unique(), 0, iov.data(), iov.size());
   // *res (its holds) is released on return, after the kernel has the bytes.
 }

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <cerrno>
@@ -197,35 +198,19 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   EMBER_FUSE_OP("read");
-  auto r = Fs(req)->Read(ino, Handle(fi), static_cast<uint64_t>(off), size);
+  // Bytes from the cache are copied (checked) into this thread's buffer; filled bytes stay in
+  // their fill's buffer.
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < size) buffer.resize(size);
+  auto r = Fs(req)->Read(ino, Handle(fi), static_cast<uint64_t>(off), size, buffer.data());
   if (!r.ok()) {
     fuse_reply_err(req, ToErrno(r.status()));
     return;
   }
-  const auto& segs = r->segments;
-  if (segs.empty()) {
-    fuse_reply_buf(req, nullptr, 0);
-    return;
-  }
-  // A bufvec with one fuse_buf per segment; fd segments are spliced by the kernel.
-  std::vector<char> storage(sizeof(fuse_bufvec) + segs.size() * sizeof(fuse_buf));
-  auto* bv = reinterpret_cast<fuse_bufvec*>(storage.data());
-  bv->count = segs.size();
-  bv->idx = 0;
-  bv->off = 0;
-  for (size_t i = 0; i < segs.size(); i++) {
-    fuse_buf& b = bv->buf[i];
-    std::memset(&b, 0, sizeof(b));
-    b.size = segs[i].len;
-    if (segs[i].fd >= 0) {
-      b.flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-      b.fd = segs[i].fd;
-      b.pos = static_cast<off_t>(segs[i].pos);
-    } else {
-      b.mem = const_cast<char*>(segs[i].mem->data() + segs[i].mem_off);
-    }
-  }
-  fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
+  std::vector<iovec> iov;
+  iov.reserve(r->segments.size());
+  for (const auto& s : r->segments) iov.push_back({const_cast<char*>(s.data), s.len});
+  fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
   // *r (and the block holds in it) is released only now, after the kernel has the bytes.
 }
 

@@ -55,7 +55,7 @@ size_t OpenFiles::Restore(const KernelFuseState& state) {
       auto it = state.backing_ids.find(f.ino);
       if (it != state.backing_ids.end()) in.backing_id = it->second;
       if (!in.hold) {
-        auto b = fs_->OpenBacking(f.ino);
+        auto b = fs_->OpenBacking(f.ino, /*verified_only=*/false);  // the kernel reads it already
         if (b.ok()) {
           in.hold = b->hold;
           held++;
