@@ -29,6 +29,15 @@ trap cleanup EXIT
 # shellcheck source=bench/common.sh
 . "$(dirname "$0")/common.sh"
 
+declare -A NAME_PIDS
+# stop NAME: ends NAME's meta and node and frees its cache (RAM holds two systems' caches here).
+stop() {
+  kill ${NAME_PIDS[$1]} 2>/dev/null || true
+  for p in ${NAME_PIDS[$1]}; do wait "$p" 2>/dev/null || true; done
+  local mnt=$WORK/verify-$1/mnt
+  mountpoint -q "$mnt" && fusermount -u "$mnt" 2>/dev/null || true
+  rm -rf "$WORK/verify-$1"
+}
 # start NAME BUILD NODE-ARGS...: meta + node of BUILD on WORK/verify-NAME, datasets large, images.
 start() {
   local name=$1 build=$2; shift 2
@@ -37,6 +46,7 @@ start() {
   "$build/bin/ember" meta --listen "127.0.0.1:$port" --data-dir "$state/meta" \
     > "$OUT/$name-meta.log" 2>&1 &
   PIDS+=("$!")
+  NAME_PIDS[$name]="$!"
   wait_for_log "$OUT/$name-meta.log" "serving on" "$!"
   for d in large images; do
     "$build/bin/ember" dataset add "$d" "$DATA/$d" --meta "127.0.0.1:$port" > /dev/null
@@ -45,6 +55,7 @@ start() {
     --cache-dir "$state/cache" --cache-size 16GiB --mount "$mnt" --node-id "$name" "$@" \
     > "$OUT/$name-node.log" 2>&1 &
   PIDS+=("$!")
+  NAME_PIDS[$name]="${NAME_PIDS[$name]} $!"
   MNTS+=("$mnt")
   wait_for_log "$OUT/$name-node.log" "serving datasets at" "$!"
   cat "$mnt/large/large.bin" > /dev/null  # fill the cache
@@ -65,8 +76,8 @@ fio_iops() {
   fio --output-format=terse --terse-version=3 --group_reporting --ioengine=psync --invalidate=1 \
     --filename="$f" "$@" --name=job 2> "$OUT/fio.err" | awk -F';' '{printf "%.0f\n", $8}'
 }
-case_run() {  # CASE NAME
-  local mnt=$WORK/verify-$2/mnt v
+case_run() {  # CASE NAME [LABEL]: recorded as LABEL (default NAME)
+  local mnt=$WORK/verify-$2/mnt v label=${3:-$2}
   warm "$2"
   case $1 in
     seq1) v=$(fio_bw "$mnt/large/large.bin" --rw=read --bs=1M) ;;
@@ -75,39 +86,87 @@ case_run() {  # CASE NAME
     rand128k1) v=$(fio_bw "$mnt/large/large.bin" --rw=randread --bs=128k --runtime=3 --time_based) ;;
     small1) v=$("$RB" small "$OUT/images.$2" 4 "$RANDOM" drop) ;;
   esac
-  echo "$1 $2 $v" >> "$OUT/raw.txt"
-  echo "bench: $1 $2 $v" >&2
+  echo "$1 $label $v" >> "$OUT/raw.txt"
+  echo "bench: $1 $label $v" >&2
 }
 
+# Two systems at a time: their caches, the origin and the page cache's working set fit in RAM.
 # BASE_ARGS: the base build's node flags (a build from before the scrubber has no --scrub-rate).
-# shellcheck disable=SC2086
-start base "$BASE" ${BASE_ARGS:---no-passthrough}
-start new "$NEW" --no-passthrough --scrub-rate 0
-start newpt "$NEW" --scrub-rate 0
-start scrub "$NEW" --no-passthrough --scrub-rate 2GiB
-for run in $(seq "$RUNS"); do
-  for c in seq1 seq2 rand4k1 rand128k1 small1; do
-    if [ $((run % 2)) -eq 1 ]; then order=(base new); else order=(new base); fi
-    for s in "${order[@]}"; do case_run "$c" "$s"; done
+# PHASES: which of daemon, scrub, passthrough to run (default all).
+PHASES=${PHASES:-daemon scrub passthrough}
+if [[ " $PHASES " == *" daemon "* ]]; then
+  # shellcheck disable=SC2086
+  start base "$BASE" ${BASE_ARGS:---no-passthrough}
+  # shellcheck disable=SC2086
+  start new "$NEW" --no-passthrough ${NEW_ARGS:---scrub-rate 0}
+  for run in $(seq "$RUNS"); do
+    for c in seq1 seq2 rand4k1 rand128k1 small1; do
+      if [ $((run % 2)) -eq 1 ]; then order=(base new); else order=(new base); fi
+      for s in "${order[@]}"; do case_run "$c" "$s"; done
+    done
   done
-  case_run seq1 newpt
-  case_run seq1 scrub
-done
+  stop base
+  stop new
+fi
+if [[ " $PHASES " == *" scrub "* ]]; then
+  # A node whose scrubber runs at full pace (2 GiB/s, more than this disk gives) while it is
+  # read, against one whose scrubber is off.
+  # shellcheck disable=SC2086
+  start new "$NEW" --no-passthrough ${NEW_ARGS:---scrub-rate 0}
+  start scrub "$NEW" --no-passthrough --scrub-rate 2GiB
+  for run in $(seq "$RUNS"); do
+    case_run seq1 new noscrub
+    case_run seq1 scrub
+  done
+  stop scrub
+  stop new
+fi
+if [[ " $PHASES " == *" passthrough "* ]]; then
+  # Passthrough (the kernel reads the cache files): the same for both builds once checked.
+  # shellcheck disable=SC2086
+  start basept "$BASE" ${BASE_PT_ARGS:-}
+  # shellcheck disable=SC2086
+  start newpt "$NEW" ${NEW_ARGS:---scrub-rate 0}
+  for run in $(seq "$RUNS"); do
+    for c in seq1 rand4k1 small1; do
+      if [ $((run % 2)) -eq 1 ]; then order=(basept newpt); else order=(newpt basept); fi
+      for s in "${order[@]}"; do case_run "$c" "$s"; done
+    done
+  done
+  stop basept
+  stop newpt
+fi
 
 # ---- table: medians, min-max ----
+stat_of() {  # CASE LABEL -> "median (min-max)" or -
+  local v
+  v=$(awk -v c="$1" -v s="$2" '$1 == c && $2 == s {print $3}' "$OUT/raw.txt" | sort -n)
+  [ -z "$v" ] && { echo "-"; return; }
+  echo "$v" | awk '{a[NR]=$1} END {printf "%s (%s-%s)", a[int((NR+1)/2)], a[1], a[NR]}'
+}
+ratio() {  # CASE A B -> median(B)/median(A)
+  local a b
+  a=$(awk -v c="$1" -v s="$2" '$1 == c && $2 == s {print $3}' "$OUT/raw.txt" | sort -n |
+    awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  b=$(awk -v c="$1" -v s="$3" '$1 == c && $2 == s {print $3}' "$OUT/raw.txt" | sort -n |
+    awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  awk -v a="$a" -v b="$b" 'BEGIN {if (a > 0 && b > 0) printf "%.2fx", b / a; else printf "-"}'
+}
 {
-  echo "| case | unverified (base) | verified | verified / unverified |"
+  echo "| case (warm, through the agent) | unverified (base) | verified | verified / unverified |"
   echo "| --- | --- | --- | --- |"
   for c in seq1 seq2 rand4k1 rand128k1 small1; do
-    b=$(awk -v c="$c" '$1 == c && $2 == "base" {print $3}' "$OUT/raw.txt" | sort -n)
-    n=$(awk -v c="$c" '$1 == c && $2 == "new" {print $3}' "$OUT/raw.txt" | sort -n)
-    bm=$(echo "$b" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    nm=$(echo "$n" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    echo "| $c | $bm ($(echo "$b" | head -1)-$(echo "$b" | tail -1)) | $nm ($(echo "$n" | head -1)-$(echo "$n" | tail -1)) | $(awk -v a="$nm" -v b="$bm" 'BEGIN {printf "%.2fx", a / b}') |"
+    echo "| $c | $(stat_of $c base) | $(stat_of $c new) | $(ratio $c base new) |"
   done
-  pt=$(awk '$1 == "seq1" && $2 == "newpt" {print $3}' "$OUT/raw.txt" | sort -n | tr '\n' ' ')
-  sc=$(awk '$1 == "seq1" && $2 == "scrub" {print $3}' "$OUT/raw.txt" | sort -n | tr '\n' ' ')
   echo
-  echo "Passthrough seq1 (verified build): $pt MiB/s. Daemon seq1 with the scrubber at 2 GiB/s: $sc MiB/s."
+  echo "| case (warm, passthrough) | base | verified build | ratio |"
+  echo "| --- | --- | --- | --- |"
+  for c in seq1 rand4k1 small1; do
+    echo "| $c | $(stat_of $c basept) | $(stat_of $c newpt) | $(ratio $c basept newpt) |"
+  done
+  echo
+  echo "| daemon seq1 (MiB/s) | scrubber off | scrubber at 2 GiB/s | ratio |"
+  echo "| --- | --- | --- | --- |"
+  echo "| seq1 | $(stat_of seq1 noscrub) | $(stat_of seq1 scrub) | $(ratio seq1 noscrub scrub) |"
 } > "$OUT/verify.md"
 cat "$OUT/verify.md"

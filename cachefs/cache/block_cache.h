@@ -135,8 +135,9 @@ class BlockCache {
   // True when every block of the held list is checked and the file is unchanged since: what
   // passthrough needs. A file someone else changed loses its facts here.
   bool AllChecked(const std::vector<std::shared_ptr<const BlockHold>>& holds);
-  // A new read-only fd of a block's cache file, for the kernel to read directly (passthrough:
-  // normal readahead, unlike the daemon's fds). Returns: what keeps it open, nullptr on error.
+  // A read-only fd of a block's cache file for the kernel to read directly (passthrough: normal
+  // readahead, unlike the daemon's fds), shared by the file's passthrough opens. Returns: what
+  // keeps it open, nullptr on error.
   std::shared_ptr<const void> OpenBacking(const BlockAddr& addr, int* fd);
   // Up to `max` resident blocks after `after` (or from the start), in address order, with their
   // generations: the scrubber's walk.
@@ -280,6 +281,8 @@ class BlockCache {
   // so an fd stays valid. Capped; holds keep their own reference when an entry is dropped.
   std::map<std::tuple<uint32_t, uint32_t, uint64_t>, std::shared_ptr<const void>> read_fds_
       ABSL_GUARDED_BY(mu_);
+  // The same for passthrough backings: readahead on (the kernel reads them directly).
+  std::map<FileKey, std::shared_ptr<const void>> backing_fds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember::cachefs
