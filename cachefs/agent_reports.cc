@@ -52,9 +52,11 @@ absl::Status MetaReporter::FullReport() {
   return directory_->ReportResident(files);
 }
 
-absl::Status MetaReporter::SendChanges() {
+absl::Status MetaReporter::SendChanges(bool* sent) {
   std::vector<BlockAddr> added, removed;
   cache_->TakeChanges(&added, &removed);
+  *sent = !added.empty() || !removed.empty();
+  if (!*sent) return absl::OkStatus();
   // Lost on an error: the next registration's full report covers it.
   return directory_->ReportChanges(added, removed);
 }
@@ -63,6 +65,7 @@ void MetaReporter::Loop() {
   auto last_heartbeat = std::chrono::steady_clock::time_point{};
   bool meta_down_logged = false;
   while (true) {
+    bool sent = false;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
@@ -72,7 +75,7 @@ void MetaReporter::Loop() {
       st = Register();
       registered_ = st.ok();
     } else {
-      st = SendChanges();
+      st = SendChanges(&sent);
       if (st.ok() && std::chrono::steady_clock::now() - last_heartbeat >= heartbeat_interval_) {
         auto hb = meta_->Heartbeat(options_.node.id(), stats_());
         if (hb.ok()) {
@@ -94,7 +97,9 @@ void MetaReporter::Loop() {
       meta_down_logged = false;
     }
     absl::MutexLock lock(&mu_);
-    const auto wait = st.ok() ? options_.report_interval : std::chrono::milliseconds(500);
+    const auto wait = !st.ok() ? std::chrono::milliseconds(500)
+                      : sent   ? options_.busy_report_interval
+                               : options_.report_interval;
     const absl::Time deadline = absl::Now() + absl::FromChrono(wait);
     while (!stopping_ && !cv_.WaitWithDeadline(&mu_, deadline)) {
     }

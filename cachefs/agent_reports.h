@@ -1,7 +1,8 @@
 // MetaReporter: the node agent's reports to meta, on one background thread.
 //
 // Registers the node (id, address, labels, GPUs, capacity) with a full block report, then every
-// `report_interval` sends the blocks stored and lost since (through the BlockDirectory), and a
+// `report_interval` sends the blocks stored and lost since (through the BlockDirectory; every
+// `busy_report_interval` while blocks are arriving, so peers and prefetches see them soon), and a
 // heartbeat with the node's figures at the interval meta asked for. After each heartbeat meta
 // answered, `on_heartbeat` runs: the agent retries the checksum claims that waited
 // (ReadPath::FlushPendingChecksums) and hands the prefetch jobs to PrefetchRunner. Meta may come
@@ -31,6 +32,7 @@ class MetaReporter {
   struct Options {
     rpc::Node node;  // id, address, labels, GPUs, capacity
     std::chrono::milliseconds report_interval{200};
+    std::chrono::milliseconds busy_report_interval{20};  // after a report that carried changes
   };
   using StatsFn = std::function<rpc::NodeStats()>;
   using HeartbeatFn = std::function<void(const rpc::HeartbeatResponse&)>;
@@ -48,7 +50,8 @@ class MetaReporter {
   // Returns: Ok; meta's error.
   absl::Status Register();
   absl::Status FullReport();
-  absl::Status SendChanges();
+  // Sets *sent to whether there were changes to send.
+  absl::Status SendChanges(bool* sent);
 
   const Options options_;
   meta::MetaClient* const meta_;

@@ -22,6 +22,7 @@
 #include "cachefs/manifest_cache.h"
 #include "cachefs/namespace.h"
 #include "cachefs/prefetch.h"
+#include "common/metrics.h"
 #include "cachefs/repair.h"
 #include "common/status.h"
 #include "common/units.h"
@@ -29,24 +30,49 @@
 #include "origin/origin.h"
 
 namespace ember::cachefs {
-namespace {
 
-// Peers read resident blocks straight from the cache files.
+// Peers get a block just filled from memory (ReadPath's recent blocks), others straight from the
+// cache files.
 class CacheBlockSource final : public transport::BlockSource {
  public:
   explicit CacheBlockSource(BlockCache* cache) : cache_(cache) {}
-  std::optional<Block> Get(const BlockAddr& addr) override {
+  // Set once the read path exists (the server starts before it); it outlives the server.
+  void SetReadPath(ReadPath* read_path) { read_path_ = read_path; }
+  std::optional<Block> Get(const BlockAddr& addr, bool memory_ok) override {
+    static metrics::Counter* const from_memory = metrics::Global().GetCounter(
+        "ember_peer_blocks_served_total", "Blocks sent to peers, by where they were read from.",
+        {{"from", "memory"}});
+    static metrics::Counter* const from_file = metrics::Global().GetCounter(
+        "ember_peer_blocks_served_total", "Blocks sent to peers, by where they were read from.",
+        {{"from", "cache_file"}});
+    ReadPath* rp = read_path_;
+    uint64_t checksum = 0;
+    if (memory_ok && rp != nullptr) {
+      if (auto recent = rp->RecentBlock(addr, &checksum)) {
+        Block b;
+        b.data = recent->data();
+        b.length = static_cast<uint32_t>(recent->size());
+        b.checksum = checksum;
+        b.hold = std::move(recent);
+        from_memory->Inc();
+        return b;
+      }
+    }
     auto hold = cache_->Acquire(addr);
     if (!hold) return std::nullopt;
     // Never offer a block the cache cannot vouch for: a bad one is quarantined here (NotFound
     // to the peer, which tries another holder) and refilled.
     if (!cache_->PrepareSend(*hold).ok()) return std::nullopt;
-    return Block{hold->fd, hold->offset, hold->length, hold->checksum, hold};
+    from_file->Inc();
+    return Block{nullptr, hold->fd, hold->offset, hold->length, hold->checksum, hold};
   }
 
  private:
   BlockCache* cache_;
+  std::atomic<ReadPath*> read_path_{nullptr};
 };
+
+namespace {
 
 std::string Label(const std::map<std::string, std::string>& labels, const std::string& key) {
   auto it = labels.find(key);
@@ -145,6 +171,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   ro.fill_threads = std::max(options.fill_threads, options.readahead_blocks);
   a->read_path_ = std::make_unique<ReadPath>(a->cache_.get(), a->origin_.get(), a->checksums_.get(),
                                              ro, a->peers_.get(), a->scrubber_.get());
+  a->block_source_->SetReadPath(a->read_path_.get());
   a->manifests_ = std::make_unique<ManifestCache>(options.cache_dir + "/manifests");
   a->namespace_ = std::make_unique<Namespace>(a->meta_.get(), a->manifests_.get());
   a->repairer_ = std::make_unique<Repairer>(a->namespace_.get(), a->read_path_.get());

@@ -35,6 +35,7 @@ namespace ember::cachefs {
 
 class AgentMetrics;
 class BlockCache;
+class CacheBlockSource;
 class BlockDirectory;
 class ChecksumBook;
 class DatasetFs;
@@ -60,8 +61,8 @@ struct NodeOptions {
   bool direct_cache_writes = true;  // BlockCache::Options::direct_writes
   std::string mountpoint;
   MountOptions mount;
-  int readahead_blocks = 4;
-  int fill_threads = 2;
+  int readahead_blocks = 16;  // the most; the window grows to it (ReadPath::Options)
+  int fill_threads = 8;
   // The scrubber's pace in bytes per second (cache/scrubber.h): -1 = a full pass per day of the
   // cache's capacity; 0 = no background pass.
   int64_t scrub_rate = -1;
@@ -113,7 +114,7 @@ class NodeAgent {
   std::unique_ptr<BlockCache> cache_;
   std::unique_ptr<Scrubber> scrubber_;
   std::unique_ptr<origin::Origin> origin_;
-  std::unique_ptr<transport::BlockSource> block_source_;
+  std::unique_ptr<CacheBlockSource> block_source_;
   std::unique_ptr<transport::BlockServer> block_server_;
   std::unique_ptr<transport::BlockTransport> transport_;
   std::unique_ptr<ChecksumBook> checksums_;

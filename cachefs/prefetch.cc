@@ -12,10 +12,15 @@
 namespace ember::cachefs {
 namespace {
 
-constexpr int kWorkers = 8;  // fills mostly wait on peers, meta and the disk
+constexpr int kWorkers = 16;  // fills mostly wait on peers, meta and the disk
 constexpr size_t kMaxFailures = 20;
 constexpr auto kReportEvery = std::chrono::milliseconds(500);
-constexpr auto kRetryDelay = std::chrono::milliseconds(50);
+// Waiting blocks are located this many per call to meta, every kPollMin while blocks arrive,
+// backing off to kPollMax while none do.
+constexpr size_t kLocateBatch = 1024;
+constexpr auto kWatchWait = std::chrono::milliseconds(5000);
+constexpr auto kPollMin = std::chrono::milliseconds(20);
+constexpr auto kPollMax = std::chrono::milliseconds(200);
 
 
 bool Under(const std::string& path, const std::string& sel) {
@@ -50,9 +55,37 @@ void RateLimiter::Acquire(uint64_t bytes) {
 
 PrefetchRunner::PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path,
                                BlockCache* cache, meta::MetaClient* meta)
-    : node_id_(node_id), ns_(ns), read_path_(read_path), cache_(cache), meta_(meta) {}
+    : node_id_(node_id), ns_(ns), read_path_(read_path), cache_(cache), meta_(meta) {
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+void PrefetchRunner::Watch() {
+  uint64_t epoch = 0;
+  while (true) {
+    auto r = meta_->WatchPrefetches(node_id_, epoch, kWatchWait);
+    if (r.ok()) {
+      epoch = r->epoch();
+      Update({r->prefetches().begin(), r->prefetches().end()});
+    } else if (absl::IsUnimplemented(r.status())) {
+      spdlog::info("prefetch: meta does not offer job watches; jobs come with heartbeats");
+      return;
+    }
+    absl::MutexLock lock(&stop_mu_);
+    if (stopping_) return;
+    // Meta unreachable (the reporter logs it): try again in a while.
+    if (!r.ok()) stop_cv_.WaitWithTimeout(&stop_mu_, absl::Seconds(1));
+    if (stopping_) return;
+  }
+}
 
 PrefetchRunner::~PrefetchRunner() {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    stopping_ = true;
+  }
+  stop_cv_.SignalAll();
+  meta_->CancelWatches();
+  watcher_.join();
   absl::MutexLock lock(&mu_);
   for (auto& [id, r] : jobs_) r->cancel = true;
   for (auto& [id, r] : jobs_) {
@@ -179,45 +212,66 @@ void PrefetchRunner::Run(Running* r) {
 
   struct Item {
     Block block;
-    std::chrono::steady_clock::time_point not_before, waiting_since;
+    FillRoute route = FillRoute::kPeersOnly;
+    std::chrono::steady_clock::time_point waiting_since;
   };
-  // Guards queue, progress and left_in_file while the workers run. Lock order: mu -> the
-  // cache's (SetPin of a block just made resident).
+  // Guards the queues, `left`, progress and left_in_file while the workers run. Lock order:
+  // mu -> the cache's (SetPin of a block just made resident).
   absl::Mutex mu;
-  std::deque<Item> queue;
-  auto start = std::chrono::steady_clock::now();
-  for (const auto& b : mine) queue.push_back({b, start, start});
+  absl::CondVar cv;
+  std::deque<Item> own;      // blocks to fill now from a peer that has them, else the origin
+  std::deque<Item> located;  // others' blocks a peer holds now: peer-only fills
+  std::deque<Item> waiting;  // others' blocks their owners have not delivered yet
+  size_t left = mine.size();  // blocks not yet done, wherever they are
+  const auto start = std::chrono::steady_clock::now();
   const int64_t pin_until = job.pin_until_unix_ms();
 
+  // Where each block is now, one call to meta per kLocateBatch blocks: a block a peer holds is
+  // fetched from it; this node's own blocks no peer holds go straight to the origin (no call to
+  // meta per block); the others wait for their owners.
+  for (size_t at = 0; at < mine.size(); at += kLocateBatch) {
+    const size_t end = std::min(mine.size(), at + kLocateBatch);
+    std::vector<BlockAddr> addrs;
+    for (size_t i = at; i < end; i++) {
+      addrs.push_back(refs[mine[i].file_id].Block(mine[i].index));
+    }
+    auto held = read_path_->HeldByPeers(addrs);
+    absl::MutexLock lock(&mu);
+    for (size_t i = at; i < end; i++) {
+      const Block& b = mine[i];
+      const bool owner = b.ordinal % n == static_cast<uint64_t>(k);
+      const bool peer_has = held.ok() && (*held)[i - at];
+      if (owner) {
+        // Meta unreachable: each fill asks for itself (and reads the origin if it must).
+        own.push_back({b, held.ok() ? FillRoute::kKnownPeersThenOrigin
+                                    : FillRoute::kPeersThenOrigin, start});
+      } else {
+        (peer_has ? located : waiting).push_back({b, FillRoute::kPeersOnly, start});
+      }
+    }
+  }
+
   auto worker = [&] {
-    while (!r->cancel) {
+    while (true) {
       Item item;
       {
         absl::MutexLock lock(&mu);
-        if (queue.empty()) return;
-        item = queue.front();
-        queue.pop_front();
-        // Not due yet (waiting for its owner): take a due one instead if there is any.
-        auto now = std::chrono::steady_clock::now();
-        if (item.not_before > now && !queue.empty() && queue.front().not_before <= now) {
-          queue.push_back(item);
-          item = queue.front();
-          queue.pop_front();
+        while (!r->cancel && left > 0 && own.empty() && located.empty()) {
+          cv.WaitWithTimeout(&mu, absl::Milliseconds(100));
         }
+        if (r->cancel || left == 0) return;
+        // Others' blocks first, while their holders still have them in memory.
+        std::deque<Item>& q = located.empty() ? own : located;
+        item = q.front();
+        q.pop_front();
       }
-      auto now = std::chrono::steady_clock::now();
-      if (item.not_before > now) std::this_thread::sleep_for(item.not_before - now);
       const Block& b = item.block;
       const FileRef& ref = refs[b.file_id];
-      bool owner = b.ordinal % n == static_cast<uint64_t>(k);
-      bool allow_origin =
-          owner || std::chrono::steady_clock::now() - item.waiting_since > kOwnerGrace;
-      auto src = read_path_->MakeResident(ref, b.index, allow_origin, before_origin);
+      auto src = read_path_->MakeResident(ref, b.index, item.route, before_origin);
       uint64_t len = std::min(ref.block_size, ref.origin.size - b.index * ref.block_size);
       absl::MutexLock lock(&mu);
-      if (!src.ok() && absl::IsNotFound(src.status()) && !allow_origin) {
-        item.not_before = std::chrono::steady_clock::now() + kRetryDelay;
-        queue.push_back(item);  // the owner has not delivered it yet
+      if (!src.ok() && absl::IsNotFound(src.status()) && item.route == FillRoute::kPeersOnly) {
+        waiting.push_back(item);  // the peer meta named no longer has it: wait again
         continue;
       }
       if (!src.ok()) {
@@ -239,6 +293,7 @@ void PrefetchRunner::Run(Running* r) {
       progress.set_blocks_done(progress.blocks_done() + 1);
       progress.set_bytes_done(progress.bytes_done() + len);
       if (--left_in_file[b.file_id] == 0) progress.set_files_done(progress.files_done() + 1);
+      if (--left == 0) cv.SignalAll();
     }
   };
   std::vector<std::thread> workers;
@@ -257,6 +312,47 @@ void PrefetchRunner::Run(Running* r) {
       if (!done) (void)meta_->ReportPrefetch(job.id(), snapshot);
     }
   });
+  // This thread moves waiting blocks on: the first kLocateBatch of them located in one call,
+  // those a peer now holds to `located`; those whose owner has not delivered within kOwnerGrace
+  // (it died) are read from the origin here. Polls fast while blocks arrive, slower when not.
+  auto poll = kPollMin;
+  while (true) {
+    std::vector<BlockAddr> addrs;
+    {
+      absl::MutexLock lock(&mu);
+      if (r->cancel || left == 0) break;
+      for (size_t i = 0; i < waiting.size() && i < kLocateBatch; i++) {
+        addrs.push_back(refs[waiting[i].block.file_id].Block(waiting[i].block.index));
+      }
+    }
+    bool moved = false;
+    if (!addrs.empty()) {
+      auto held = read_path_->HeldByPeers(addrs);
+      const auto now = std::chrono::steady_clock::now();
+      absl::MutexLock lock(&mu);
+      // Workers only append to `waiting`: its first addrs.size() items are the ones located.
+      std::deque<Item> kept;
+      for (size_t i = 0; i < addrs.size(); i++) {
+        Item& item = waiting[i];
+        if (held.ok() && (*held)[i]) {
+          located.push_back(item);
+          moved = true;
+        } else if (now - item.waiting_since > kOwnerGrace) {
+          item.route = FillRoute::kPeersThenOrigin;
+          own.push_back(item);
+          moved = true;
+        } else {
+          kept.push_back(item);
+        }
+      }
+      waiting.erase(waiting.begin(), waiting.begin() + static_cast<long>(addrs.size()));
+      waiting.insert(waiting.begin(), kept.begin(), kept.end());
+      if (moved) cv.SignalAll();
+    }
+    poll = moved ? kPollMin : std::min(poll * 2, kPollMax);
+    absl::MutexLock lock(&mu);
+    if (!r->cancel && left > 0) cv.WaitWithTimeout(&mu, absl::FromChrono(poll));
+  }
   for (auto& w : workers) w.join();
   done = true;
   reporter.join();

@@ -9,7 +9,10 @@
 // once. Should the owner never deliver (it died), a waiting node reads the origin itself after a
 // grace period, so the prefetch still finishes. The cluster's --origin-rate is split evenly over
 // the nodes. Blocks are pinned (BlockCache::SetPin) until the job's pin expires or is released.
-// Blocks are made resident through ReadPath::MakeResident. Thread-safe.
+// Blocks are made resident through ReadPath::MakeResident: this node's own blocks that no peer
+// holds straight from the origin, others' blocks once meta says a peer holds them (located in
+// batches, not per block). Jobs arrive with the heartbeat answers and, at once, through a long
+// poll of meta (WatchPrefetches) on a thread of this runner. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -45,8 +48,11 @@ class RateLimiter {
 
 class PrefetchRunner {
  public:
+  // Starts the watch of meta's jobs.
   PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path, BlockCache* cache,
                  meta::MetaClient* meta);
+  // Ends the watch (cancelling meta's watches: the client must not watch for others) and the
+  // jobs.
   ~PrefetchRunner();
 
   // The jobs meta listed for this node: starts new ones, stops cancelled ones, releases pins.
@@ -70,6 +76,8 @@ class PrefetchRunner {
   };
 
   void Run(Running* r);
+  // Long-polls meta for job changes and applies them (Update), until stopping_.
+  void Watch() ABSL_LOCKS_EXCLUDED(mu_);
   // The job's selected files and this node's blocks of them.
   absl::StatusOr<std::shared_ptr<const DatasetView>> Plan(const rpc::PrefetchJob& job,
                                                           std::vector<Block>* mine,
@@ -84,6 +92,10 @@ class PrefetchRunner {
   // Lock order: mu_ -> the namespace's and the cache's (Update applies changed pins under it).
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Running>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex stop_mu_;
+  absl::CondVar stop_cv_;
+  bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread watcher_;  // last: started when everything above is ready
 };
 
 }  // namespace ember::cachefs

@@ -54,7 +54,7 @@ void Repairer::Repair(const BlockAddr& addr) {
     return;
   }
   const FileRef file = MakeFileRef(**view, addr.file_id);
-  auto source = read_path_->MakeResident(file, addr.index, /*allow_origin=*/true, {});
+  auto source = read_path_->MakeResident(file, addr.index, FillRoute::kPeersThenOrigin, {});
   if (!source.ok()) {
     spdlog::warn("repair: {} block {} of {}: {}; it is filled when next read", file.dataset_name,
                  addr.index, file.origin.path, std::string(source.status().message()));

@@ -29,6 +29,21 @@ BlockId MakeBlockId(const BlockAddr& addr) {
 
 uint64_t BlockChecksum(const void* data, size_t len) { return XXH3_64bits(data, len); }
 
+BlockChecksummer::BlockChecksummer() : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+BlockChecksummer::~BlockChecksummer() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void BlockChecksummer::Update(const void* data, size_t len) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, len);
+}
+
+uint64_t BlockChecksummer::Digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
 absl::Status ValidateDatasetName(std::string_view name) {
   if (name.empty() || name.size() > 64) {
     return absl::InvalidArgumentError(

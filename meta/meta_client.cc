@@ -3,8 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/secret.h"
 #include "meta/meta.grpc.pb.h"
@@ -115,6 +117,10 @@ class MetaClient::Impl {
   absl::Status init_error;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<rpc::Meta::Stub> stub;
+  // Watches in flight, so CancelWatches can end them.
+  absl::Mutex watch_mu;
+  std::set<grpc::ClientContext*> watches ABSL_GUARDED_BY(watch_mu);
+  bool watches_cancelled ABSL_GUARDED_BY(watch_mu) = false;
 };
 
 MetaClient::MetaClient(const std::string& address, std::chrono::milliseconds timeout)
@@ -283,6 +289,36 @@ absl::Status MetaClient::ReportPrefetch(const std::string& job_id,
       ->Unary<rpc::ReportPrefetchRequest, rpc::ReportPrefetchResponse>(
           req, &rpc::Meta::Stub::ReportPrefetch)
       .status();
+}
+
+absl::StatusOr<rpc::WatchPrefetchesResponse> MetaClient::WatchPrefetches(
+    const std::string& node_id, uint64_t known_epoch, std::chrono::milliseconds wait) {
+  if (!impl_->init_error.ok()) return impl_->init_error;
+  rpc::WatchPrefetchesRequest req;
+  req.set_node_id(node_id);
+  req.set_known_epoch(known_epoch);
+  req.set_wait_ms(static_cast<uint32_t>(wait.count()));
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx, wait + impl_->timeout);
+  {
+    absl::MutexLock lock(&impl_->watch_mu);
+    if (impl_->watches_cancelled) return absl::CancelledError("watches cancelled");
+    impl_->watches.insert(&ctx);
+  }
+  rpc::WatchPrefetchesResponse resp;
+  grpc::Status s = impl_->stub->WatchPrefetches(&ctx, req, &resp);
+  {
+    absl::MutexLock lock(&impl_->watch_mu);
+    impl_->watches.erase(&ctx);
+  }
+  if (!s.ok()) return impl_->Convert(s);
+  return resp;
+}
+
+void MetaClient::CancelWatches() {
+  absl::MutexLock lock(&impl_->watch_mu);
+  impl_->watches_cancelled = true;
+  for (grpc::ClientContext* ctx : impl_->watches) ctx->TryCancel();
 }
 
 absl::StatusOr<rpc::LocalityResponse> MetaClient::Locality(const std::string& dataset,

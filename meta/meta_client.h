@@ -92,6 +92,13 @@ class MetaClient {
   absl::StatusOr<rpc::PrefetchJob> CancelPrefetch(const std::string& id);
   absl::StatusOr<uint32_t> Unpin(const std::string& dataset, const std::string& prefetch_id);
   absl::Status ReportPrefetch(const std::string& job_id, const rpc::PrefetchNodeProgress& p);
+  // Waits up to `wait` for the prefetch jobs of `node_id` to differ from `known_epoch` (0:
+  // answers at once). CancelWatches ends every watch in flight, and later ones, at once.
+  // Returns: meta's answer; Cancelled after CancelWatches; meta's errors.
+  absl::StatusOr<rpc::WatchPrefetchesResponse> WatchPrefetches(const std::string& node_id,
+                                                               uint64_t known_epoch,
+                                                               std::chrono::milliseconds wait);
+  void CancelWatches();
   absl::StatusOr<rpc::LocalityResponse> Locality(const std::string& dataset, uint32_t version);
 
   absl::StatusOr<rpc::Job> SubmitJob(const rpc::JobSpec& spec);

@@ -321,6 +321,27 @@ grpc::Status MetaService::ReportPrefetch(grpc::ServerContext* ctx,
                [&] { return units_.prefetches->Report(req->job_id(), req->progress()); });
 }
 
+grpc::Status MetaService::WatchPrefetches(grpc::ServerContext* ctx,
+                                          const rpc::WatchPrefetchesRequest* req,
+                                          rpc::WatchPrefetchesResponse* resp) {
+  return Serve(ctx, "WatchPrefetches", [&] {
+    // In slices, so a caller that went away (or a server shutting down) frees this thread soon.
+    const absl::Time until =
+        absl::Now() + absl::Milliseconds(std::min<uint32_t>(req->wait_ms(), 5000));
+    // Epochs start at 1: a caller that knows none (0) is answered at once.
+    uint64_t epoch = units_.prefetches->WaitForChange(req->known_epoch(), absl::Now());
+    while (epoch == req->known_epoch() && !ctx->IsCancelled() && absl::Now() < until) {
+      epoch = units_.prefetches->WaitForChange(
+          req->known_epoch(), std::min(until, absl::Now() + absl::Milliseconds(100)));
+    }
+    resp->set_epoch(epoch);
+    for (auto& job : units_.prefetches->ForNode(req->node_id())) {
+      *resp->add_prefetches() = std::move(job);
+    }
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status MetaService::Locality(grpc::ServerContext* ctx, const rpc::LocalityRequest* req,
                                    rpc::LocalityResponse* resp) {
   return Serve(ctx, "Locality", [&] {

@@ -83,6 +83,8 @@ class MetaService final : public rpc::Meta::Service {
                      rpc::UnpinResponse* resp) override;
   grpc::Status ReportPrefetch(grpc::ServerContext* ctx, const rpc::ReportPrefetchRequest* req,
                               rpc::ReportPrefetchResponse* resp) override;
+  grpc::Status WatchPrefetches(grpc::ServerContext* ctx, const rpc::WatchPrefetchesRequest* req,
+                               rpc::WatchPrefetchesResponse* resp) override;
   grpc::Status Locality(grpc::ServerContext* ctx, const rpc::LocalityRequest* req,
                         rpc::LocalityResponse* resp) override;
 

@@ -135,6 +135,7 @@ absl::StatusOr<rpc::PrefetchJob> PrefetchJobs::Start(const rpc::PrefetchSpec& in
   {
     absl::MutexLock lock(&mu_);
     jobs_[job.id()] = job;
+    epoch_++;
   }
   spdlog::info("meta: prefetch {} of {} version {} to {} node(s), {} bytes", job.id(), ds.name(),
                version, chosen.size(), sel.bytes);
@@ -173,6 +174,7 @@ absl::StatusOr<rpc::PrefetchJob> PrefetchJobs::Cancel(const std::string& id) {
   next.set_pin_until_unix_ms(0);  // a cancelled prefetch holds nothing
   RETURN_IF_ERROR(store_->PutPrefetch(next));
   it->second = next;
+  epoch_++;
   return next;
 }
 
@@ -193,6 +195,7 @@ absl::StatusOr<uint32_t> PrefetchJobs::Unpin(const std::string& dataset,
     RETURN_IF_ERROR(store_->PutPrefetch(next));
     job = std::move(next);
     n++;
+    epoch_++;
   }
   return n;
 }
@@ -224,6 +227,17 @@ std::vector<rpc::PrefetchJob> PrefetchJobs::ForNode(const std::string& node_id) 
     }
   }
   return out;
+}
+
+uint64_t PrefetchJobs::WaitForChange(uint64_t known_epoch, absl::Time deadline) {
+  mu_.AssertNotHeld();
+  auto changed = [this, known_epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return epoch_ != known_epoch;
+  };
+  mu_.LockWhenWithDeadline(absl::Condition(&changed), deadline);
+  const uint64_t epoch = epoch_;
+  mu_.Unlock();
+  return epoch;
 }
 
 std::optional<rpc::PrefetchJob::State> PrefetchJobs::State(const std::string& id) {

@@ -50,6 +50,9 @@ class PrefetchJobs {
   absl::Status Report(const std::string& job_id, const rpc::PrefetchNodeProgress& progress);
   // Running jobs a node takes part in, and recent ones so it can release their pins.
   std::vector<rpc::PrefetchJob> ForNode(const std::string& node_id);
+  // Waits until the jobs changed since `known_epoch` (started, cancelled, unpinned), or until
+  // `deadline`. Returns: the epoch now.
+  uint64_t WaitForChange(uint64_t known_epoch, absl::Time deadline);
   // The state of a job, if it exists.
   std::optional<rpc::PrefetchJob::State> State(const std::string& id);
 
@@ -65,6 +68,7 @@ class PrefetchJobs {
   absl::Mutex mu_;
   std::map<std::string, rpc::PrefetchJob> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;  // bumped by every change a node acts on
 };
 
 }  // namespace ember::meta

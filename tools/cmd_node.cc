@@ -36,7 +36,7 @@ struct NodeFlags {
   std::string labels;
   uint32_t gpus = 0;
   bool allow_other = false;
-  int readahead = 4;
+  int readahead = 16;
   std::string transport = "auto";
   std::string peer_timeout = "3s";
   std::string metrics_listen;
@@ -65,7 +65,7 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--labels", f->labels, "Topology labels, e.g. rack=r1,switch=s1");
   c->add_option("--gpus", f->gpus, "GPUs on this node (for the scheduler)");
   c->add_flag("--allow-other", f->allow_other, "Let other users read the mount");
-  c->add_option("--readahead", f->readahead, "Blocks to read ahead of a sequential reader")
+  c->add_option("--readahead", f->readahead, "Most blocks to read ahead of a sequential reader (the window grows to it)")
       ->capture_default_str();
   c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
       ->capture_default_str();

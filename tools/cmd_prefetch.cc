@@ -126,7 +126,7 @@ int Follow(meta::MetaClient& client, const std::string& id) {
       std::cout << "detached; prefetch " << id << " goes on (ember prefetch status " << id << ")\n";
       return 0;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 

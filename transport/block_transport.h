@@ -36,6 +36,7 @@ namespace ember::transport {
 class BlockSource {
  public:
   struct Block {
+    const char* data = nullptr;  // the block's bytes in memory, or null: read them from fd
     int fd = -1;  // readable; the block's bytes are at [offset, offset+length)
     uint64_t offset = 0;
     uint32_t length = 0;
@@ -43,15 +44,16 @@ class BlockSource {
     std::shared_ptr<const void> hold;  // keeps fd and bytes valid until released
   };
   virtual ~BlockSource() = default;
-  // nullopt when the block is not resident.
-  virtual std::optional<Block> Get(const BlockAddr& addr) = 0;
+  // nullopt when the block is not resident. `memory_ok`: the block may come as bytes in memory
+  // (data) rather than a file (RDMA sends only from files).
+  virtual std::optional<Block> Get(const BlockAddr& addr, bool memory_ok) = 0;
 };
 
 struct TransportOptions {
   std::string token;  // the cluster token both ends must know
   std::chrono::milliseconds connect_timeout{1000};
   std::chrono::milliseconds io_timeout{5000};  // no progress this long on a read or write: fail
-  size_t max_idle_per_peer = 4;                // pooled connections kept per peer
+  size_t max_idle_per_peer = 32;               // pooled connections kept per peer
   size_t max_connections = 256;                // server side
   bool serve_rdma = true;                      // server side: accept RDMA queue pairs if able
 };
@@ -59,6 +61,9 @@ struct TransportOptions {
 struct FetchInfo {
   uint64_t block_checksum = 0;  // the server's checksum of the whole block
   uint32_t block_length = 0;
+  // BlockChecksum of the bytes received, when the transport hashed them as they arrived (TCP
+  // does); the caller checks it against what it trusts.
+  std::optional<uint64_t> received_checksum;
 };
 
 class BlockTransport {

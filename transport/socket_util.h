@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/ids.h"
 
 namespace ember::transport {
 
@@ -25,7 +26,8 @@ absl::Status ReadFull(int fd, void* buf, size_t n);
 // that sends requests puts its connection in delayed-ACK ("pingpong") mode, which holds back the
 // sender of a 4 MiB body; measured on loopback, 4 MiB request/response 2,147-2,242 -> 2,335-2,618
 // MiB/s.
-absl::Status ReadBulk(int fd, void* buf, size_t n);
+// With `sum`, the bytes are hashed as they arrive (in pieces that fit the CPU's cache).
+absl::Status ReadBulk(int fd, void* buf, size_t n, BlockChecksummer* sum = nullptr);
 absl::Status WriteFull(int fd, const void* buf, size_t n);
 // Sends n bytes of file `in_fd` from `offset` with sendfile (no user-space copy).
 absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n);

@@ -241,8 +241,8 @@ class TcpServer final : public BlockServer {
     Response resp;
     resp.request_id = q.request_id;
     Count(&Stats::requests);
-    auto block = source_->Get(q.addr);
     bool via_rdma = q.rkey != 0;
+    auto block = source_->Get(q.addr, /*memory_ok=*/!via_rdma);
     if (!block) {
       Count(&Stats::not_found);
       resp.status = WireStatus::kNotFound;
@@ -269,7 +269,11 @@ class TcpServer final : public BlockServer {
     if (resp.status == WireStatus::kOk && resp.length > 0) {
       if (!via_rdma) {
         // The client sees a short read if this fails, and moves on.
-        if (!SendFileFull(fd, block->fd, block->offset + q.offset, resp.length).ok()) return false;
+        absl::Status sent =
+            block->data != nullptr
+                ? WriteFull(fd, block->data + q.offset, resp.length)
+                : SendFileFull(fd, block->fd, block->offset + q.offset, resp.length);
+        if (!sent.ok()) return false;
       }
       Count(&Stats::bytes, resp.length);
     }
@@ -370,13 +374,15 @@ class TcpTransport final : public BlockTransport {
       return absl::DataLossError(
           absl::StrCat("peer ", peer, ": answered ", resp->length, " bytes for ", length));
     }
-    s = ReadBulk(fd, buf, length);  // straight into the caller's buffer
+    BlockChecksummer sum;
+    s = ReadBulk(fd, buf, length, &sum);  // straight into the caller's buffer, hashed as it comes
     if (!s.ok()) {
       return absl::UnavailableError(absl::StrCat("peer ", peer, ": short block: ", s.message()));
     }
     if (info != nullptr) {
       info->block_checksum = resp->block_checksum;
       info->block_length = resp->block_length;
+      info->received_checksum = sum.Digest();
     }
     return absl::OkStatus();
   }

@@ -24,9 +24,9 @@ class FileSource : public BlockSource {
   explicit FileSource(const std::string& path) : fd_(open(path.c_str(), O_RDONLY)) {}
   ~FileSource() override { close(fd_); }
   void Add(const BlockAddr& a, uint64_t offset, uint32_t length, uint64_t checksum) {
-    blocks_[a] = {fd_, offset, length, checksum, nullptr};
+    blocks_[a] = {nullptr, fd_, offset, length, checksum, nullptr};
   }
-  std::optional<Block> Get(const BlockAddr& a) override {
+  std::optional<Block> Get(const BlockAddr& a, bool /*memory_ok*/) override {
     auto it = blocks_.find(a);
     if (it == blocks_.end()) return std::nullopt;
     return it->second;

@@ -19,8 +19,9 @@ absl::Status OriginChanged() {
 FillSources::FillSources(origin::Origin* origin, PeerFetcher* peers, ChecksumBook* checksums)
     : origin_(origin), peers_(peers), checksums_(checksums) {}
 
-FillSources::Fetched FillSources::Fetch(const FileRef& file, uint64_t index, bool allow_origin,
+FillSources::Fetched FillSources::Fetch(const FileRef& file, uint64_t index, FillRoute route,
                                         const std::function<void(uint64_t)>* before_origin) {
+  const bool allow_origin = AllowsOrigin(route);
   const BlockAddr addr = file.Block(index);
   const uint64_t offset = index * file.block_size;
   const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
@@ -39,7 +40,8 @@ FillSources::Fetched FillSources::Fetch(const FileRef& file, uint64_t index, boo
   // A peer first: the origin is read once for the whole cluster.
   absl::StatusOr<uint64_t> from_peer = absl::NotFoundError("no peers");
   if (peers_ != nullptr && !(allow_origin && peers_->LikelyUnheld(addr))) {
-    from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), f.data->data());
+    from_peer = peers_->Fetch(addr, static_cast<uint32_t>(len), f.data->data(),
+                              /*locate=*/route != FillRoute::kKnownPeersThenOrigin);
   }
   absl::Status& st = f.status;
   if (from_peer.ok()) {

@@ -23,6 +23,14 @@
 
 namespace ember::cachefs {
 
+// Where a fill may look for a block's bytes.
+enum class FillRoute {
+  kPeersThenOrigin,         // a peer meta names (asked now unless known), else the origin
+  kPeersOnly,               // a peer, or NotFound (a prefetch waiting for the block's owner)
+  kKnownPeersThenOrigin,    // a peer already located (no call to meta now), else the origin
+};
+inline bool AllowsOrigin(FillRoute r) { return r != FillRoute::kPeersOnly; }
+
 // The error of a fill whose origin bytes differ from those first read for its dataset version.
 absl::Status OriginChanged();
 
@@ -38,13 +46,13 @@ class FillSources {
     uint64_t checksum = 0;  // of data
     bool claim = false;     // read from the origin with no checksum known: claim it in meta
   };
-  // Fetches block `index` of `file`. With allow_origin false only peers are asked.
+  // Fetches block `index` of `file` by `route`.
   // `before_origin` (may be null) runs before an origin read (a rate limit).
   // Returns (in status): Ok; NotFound when peer-only and no peer has it yet; the origin's error
   // (NotFound, FailedPrecondition, Unavailable: origin.h); FailedPrecondition (OriginChanged)
   // when the bytes differ from meta's checksum. Errors of fills that may read the origin are
   // logged with the file and, for a changed origin, the refresh hint.
-  Fetched Fetch(const FileRef& file, uint64_t index, bool allow_origin,
+  Fetched Fetch(const FileRef& file, uint64_t index, FillRoute route,
                 const std::function<void(uint64_t bytes)>* before_origin);
 
   uint64_t bytes_from_peers() const { return bytes_peers_; }

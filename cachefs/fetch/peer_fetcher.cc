@@ -104,7 +104,16 @@ void PeerFetcher::MarkSuspect(const std::string& id) {
   suspects_[id] = std::chrono::steady_clock::now() + options_.suspect_for;
 }
 
-absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t length, char* buf) {
+absl::StatusOr<std::vector<bool>> PeerFetcher::Holders(const std::vector<BlockAddr>& addrs) {
+  if (absl::Status st = Locate(addrs); !st.ok()) return st;
+  std::vector<bool> held(addrs.size(), false);
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < addrs.size(); i++) held[i] = located_.count(addrs[i]) > 0;
+  return held;
+}
+
+absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t length, char* buf,
+                                            bool locate) {
   Located l;
   bool cached = false;
   {
@@ -116,6 +125,7 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
       cached = true;
     }
   }
+  if (!cached && !locate) return absl::NotFoundError("no peer is known to hold the block");
   if (!cached) {
     absl::Status s = Locate({addr});
     if (!s.ok()) return absl::NotFoundError(absl::StrCat("cannot locate peers: ", s.message()));
@@ -155,7 +165,11 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
       absl::MutexLock lock(&mu_);
       inflight_[h.id]--;
     }
-    if (s.ok() && BlockChecksum(buf, length) == *checksum) {
+    // Hashed as it arrived, by a transport that can; else now.
+    const uint64_t got = !s.ok()                  ? 0
+                         : info.received_checksum ? *info.received_checksum
+                                                  : BlockChecksum(buf, length);
+    if (s.ok() && got == *checksum) {
       fetches_++;
       return *checksum;
     }

@@ -46,10 +46,16 @@ class PeerFetcher {
   PeerFetcher(BlockDirectory* directory, transport::BlockTransport* transport,
               ChecksumBook* checksums, const Options& options);
 
-  // Fills buf (length bytes: the whole block) from a peer.
+  // Fills buf (length bytes: the whole block) from a peer. With `locate` false, only holders
+  // already located (within locate_ttl) are tried: no call to meta.
   // Returns: the checksum it matched; NotFound when no live peer holds it, meta's checksum is
   // not known, or no holder gave correct bytes (the caller then reads the origin).
-  absl::StatusOr<uint64_t> Fetch(const BlockAddr& addr, uint32_t length, char* buf);
+  absl::StatusOr<uint64_t> Fetch(const BlockAddr& addr, uint32_t length, char* buf,
+                                 bool locate = true);
+  // Asks meta now, in one call, which of `addrs` another live node holds (remembered for the
+  // Fetches that follow, with meta's checksums).
+  // Returns: per block, whether another node holds it; the directory's error.
+  absl::StatusOr<std::vector<bool>> Holders(const std::vector<BlockAddr>& addrs);
   // Locates many blocks in one call (a readahead window) so later Fetches find their holders,
   // and fills of them find meta's checksum, known.
   void LocateAhead(const std::vector<BlockAddr>& addrs);

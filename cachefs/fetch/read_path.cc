@@ -17,7 +17,7 @@ ReadPath::ReadPath(BlockCache* cache, origin::Origin* origin, ChecksumBook* chec
       scrubber_(scrubber),
       options_(options),
       sources_(origin, peers, checksums),
-      recent_(options.recent_blocks + std::max(0, options.readahead_blocks)),
+      recent_(options.recent_blocks + static_cast<size_t>(std::max(0, options.readahead_blocks))),
       write_behind_(
           std::make_unique<WriteBehind>(cache, checksums, &recent_, &inflight_, kWriterThreads)),
       readahead_(std::make_unique<Readahead>(cache, &inflight_, peers, options.fill_threads,
@@ -55,7 +55,8 @@ std::unique_ptr<ReadStream> ReadPath::OpenStream(const FileRef& file) const {
 absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, size_t size,
                                           char* buf) {
   // Sequential reader: queue the next blocks once per block boundary crossed.
-  auto [first, count] = stream.Advance(offset, size, options_.readahead_blocks);
+  auto [first, count] =
+      stream.Advance(offset, size, options_.readahead_min_blocks, options_.readahead_blocks);
   if (count > 0) readahead_->Queue(stream.file(), first, count);
   return ReadBlocks(stream.file(), offset, size, &stream, buf);
 }
@@ -140,7 +141,7 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       return BlockBytes{std::move(hold), nullptr, filled};
     }
     filled = true;
-    Fill::Result fill = FillOnce(file, index, true, nullptr)->WaitDone();
+    Fill::Result fill = FillOnce(file, index, FillRoute::kPeersThenOrigin, nullptr)->WaitDone();
     if (fill.already) filled = false;  // someone else's fill ended just before: a hit
     if (!fill.status.ok() && fill.peer_only) continue;  // joined a prefetch's peer-only try
     if (!fill.status.ok()) return fill.status;
@@ -195,7 +196,7 @@ absl::StatusOr<FileSystem::Backing> ReadPath::HoldFile(const FileRef& file, bool
   return FileSystem::Backing{fd, hold};
 }
 
-std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, bool allow_origin,
+std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, FillRoute route,
                                          const std::function<void(uint64_t)>* before_origin) {
   const BlockAddr addr = file.Block(index);
   auto [fill, leader] = inflight_.Join(addr);
@@ -204,7 +205,7 @@ std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, bo
     // A fill that ended between the caller's look at the cache and here: nothing to fetch.
     fill->Finish({.already = true});
     fill->Settle(false);
-  } else if (FillBlock(file, index, fill, allow_origin, before_origin)) {
+  } else if (FillBlock(file, index, fill, route, before_origin)) {
     return fill;  // write-behind stores the block and ends the fill
   }
   inflight_.End(addr, fill);
@@ -212,10 +213,10 @@ std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, bo
 }
 
 absl::StatusOr<ReadPath::Source> ReadPath::MakeResident(
-    const FileRef& file, uint64_t index, bool allow_origin,
+    const FileRef& file, uint64_t index, FillRoute route,
     const std::function<void(uint64_t)>& before_origin) {
   if (cache_->Resident(file.Block(index))) return Source::kResident;
-  std::shared_ptr<Fill> fill = FillOnce(file, index, allow_origin, &before_origin);
+  std::shared_ptr<Fill> fill = FillOnce(file, index, route, &before_origin);
   Fill::Result r = fill->WaitDone();
   if (!r.status.ok()) return r.status;
   if (r.already) return Source::kResident;
@@ -225,26 +226,36 @@ absl::StatusOr<ReadPath::Source> ReadPath::MakeResident(
 }
 
 bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
-                         bool allow_origin, const std::function<void(uint64_t)>* before_origin) {
+                         FillRoute route, const std::function<void(uint64_t)>* before_origin) {
   const BlockAddr addr = file.Block(index);
   misses_++;
-  FillSources::Fetched f = sources_.Fetch(file, index, allow_origin, before_origin);
+  FillSources::Fetched f = sources_.Fetch(file, index, route, before_origin);
   // Readers waiting on this fill get the bytes now, from memory; the cache write happens after,
   // while they go on. Readers arriving meanwhile join this (done) fill: it stays in flight until
   // the write ends.
   fill->Finish(
-      {.status = f.status, .data = f.data, .from_peer = f.from_peer, .peer_only = !allow_origin});
+      {.status = f.status, .data = f.data, .from_peer = f.from_peer, .peer_only = !AllowsOrigin(route)});
   if (!f.status.ok()) {
     fill->Settle(false);
     return false;
   }
-  recent_.Put(addr, f.data);
+  recent_.Put(addr, f.data, f.checksum);
   const uint64_t offset = index * file.block_size;
   write_behind_->Submit({addr, file.origin.size, offset, f.data, f.checksum, fill, f.claim,
                          f.claim ? absl::StrCat(file.dataset_name, " block ", index, " of ",
                                                 file.origin.root, "/", file.origin.path)
                                  : std::string()});
   return true;
+}
+
+std::shared_ptr<const BlockBuffer> ReadPath::RecentBlock(const BlockAddr& addr,
+                                                         uint64_t* checksum) {
+  return recent_.Peek(addr, checksum);
+}
+
+absl::StatusOr<std::vector<bool>> ReadPath::HeldByPeers(const std::vector<BlockAddr>& addrs) {
+  if (peers_ == nullptr) return std::vector<bool>(addrs.size(), false);
+  return peers_->Holders(addrs);
 }
 
 void ReadPath::FlushPendingChecksums() {

@@ -62,12 +62,16 @@ struct ReadStats {
 class ReadPath {
  public:
   struct Options {
-    int readahead_blocks = 4;  // blocks filled ahead of a sequential reader
-    int fill_threads = 2;      // background fills (readahead)
+    // Blocks filled ahead of a sequential reader: a window that starts at readahead_min_blocks
+    // and doubles as the reader keeps entering blocks read ahead, up to readahead_blocks.
+    int readahead_blocks = 16;
+    int readahead_min_blocks = 2;
+    int fill_threads = 8;  // background fills (readahead)
     // The last blocks filled stay in memory (this many besides the readahead window): the
     // kernel's many small reads of a block just filled are served from there, not re-read from
-    // the cache file, and a block not admitted to the cache (policy, full disk) is fetched once.
-    size_t recent_blocks = 2;
+    // the cache file, a block not admitted to the cache (policy, full disk) is fetched once, and
+    // peers that want a block just filled (a prefetch) get it from memory.
+    size_t recent_blocks = 48;
   };
   // `peers` may be null: misses then go straight to the origin; `scrubber` may be null. Everything
   // passed must outlive this.
@@ -91,12 +95,19 @@ class ReadPath {
 
   // Where a block made resident came from.
   enum class Source { kResident, kPeer, kOrigin };
-  // Makes one block resident and waits until it is stored (prefetch). With allow_origin false
-  // only peers are asked. `before_origin` runs before an origin read (a rate limit).
+  // Makes one block resident and waits until it is stored (prefetch), from where `route` says. `before_origin` runs before an origin read (a rate limit).
   // Returns: the source; NotFound when peer-only and no peer has it yet; FailedPrecondition
   // when the origin changed; the fill's error.
-  absl::StatusOr<Source> MakeResident(const FileRef& file, uint64_t index, bool allow_origin,
+  absl::StatusOr<Source> MakeResident(const FileRef& file, uint64_t index, FillRoute route,
                                       const std::function<void(uint64_t bytes)>& before_origin);
+
+  // A block filled moments ago and still in memory, with its checksum (for peers).
+  // Returns: its bytes, or nullptr.
+  std::shared_ptr<const BlockBuffer> RecentBlock(const BlockAddr& addr, uint64_t* checksum);
+
+  // Asks meta in one call which of `addrs` another live node holds (a prefetch plans with it).
+  // Returns: per block, whether a peer holds it (all false without peers); meta's error.
+  absl::StatusOr<std::vector<bool>> HeldByPeers(const std::vector<BlockAddr>& addrs);
 
   // Holds every block of a file that is wholly resident and checked since the agent started,
   // for passthrough reads of its cache file (a fd of its own, with readahead). Blocks not yet
@@ -126,13 +137,13 @@ class ReadPath {
   absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index, bool count = true);
   // Single-flight: joins the fill in flight for the block, or leads one. Returns: the fill,
   // done (its bytes or error handed out; maybe not yet settled).
-  std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, bool allow_origin,
+  std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, FillRoute route,
                                  const std::function<void(uint64_t)>* before_origin);
   // As the leader of `fill`: fetches the block, hands the bytes to the fill's waiters, then
   // submits the cache write. Returns: true when the fill succeeded (write-behind then settles
   // and ends it), false when it failed (settled; the caller ends it).
   bool FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
-                 bool allow_origin, const std::function<void(uint64_t)>* before_origin);
+                 FillRoute route, const std::function<void(uint64_t)>* before_origin);
 
   BlockCache* const cache_;
   ChecksumBook* const checksums_;

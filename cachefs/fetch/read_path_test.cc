@@ -345,12 +345,12 @@ TEST_F(ReadPathTest, ConflictingClaimKeepsTheBlockOutAndLaterReadsFail) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   // A prefetch waits for the cache write, so it sees the conflict of its own fill too.
   directory_.SetChecksum({1, 1, 4, 4}, SumOf(4) ^ 1);
-  auto src = read_path_->MakeResident(Ref(), 4, true, {});
+  auto src = read_path_->MakeResident(Ref(), 4, FillRoute::kPeersThenOrigin, {});
   EXPECT_EQ(src.status().code(), absl::StatusCode::kFailedPrecondition) << src.status();
   EXPECT_FALSE(cache_->Resident({1, 1, 4, 4}));
   // Other blocks are unaffected.
-  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, true, {}).value(), ReadPath::Source::kOrigin);
-  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, true, {}).value(), ReadPath::Source::kResident);
+  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, FillRoute::kPeersThenOrigin, {}).value(), ReadPath::Source::kOrigin);
+  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, FillRoute::kPeersThenOrigin, {}).value(), ReadPath::Source::kResident);
 }
 
 // With meta unreachable the reads go on and the blocks are cached; the claims wait in the book

@@ -7,13 +7,35 @@ namespace {
 constexpr size_t kMaxQueuedReadahead = 64;
 }
 
-std::pair<uint64_t, int> ReadStream::Advance(uint64_t offset, size_t size, int window) {
+int ReadStream::window() {
+  absl::MutexLock lock(&mu_);
+  return window_;
+}
+
+std::pair<uint64_t, int> ReadStream::Advance(uint64_t offset, size_t size, int min_window,
+                                             int max_window) {
   const uint64_t bs = file_.block_size;
   absl::MutexLock lock(&mu_);
-  const bool sequential = offset == next_offset_;
-  next_offset_ = offset + size;
-  const uint64_t next_block = (offset + size + bs - 1) / bs;
-  if (!sequential || window <= 0 || next_block + window <= readahead_next_) return {0, 0};
+  // Within a block of where the reader was: the kernel's requests of one sequential reader
+  // arrive a little out of order.
+  const bool sequential = offset + bs >= next_offset_ && offset <= next_offset_ + bs;
+  next_offset_ = sequential ? std::max(next_offset_, offset + size) : offset + size;
+  const uint64_t next_block = (next_offset_ + bs - 1) / bs;
+  const uint64_t block = (offset + size - (size > 0 ? 1 : 0)) / bs;
+  if (!sequential || min_window <= 0) {
+    window_ = 0;  // a jump: start small again, from here
+    reader_block_ = block;
+    readahead_next_ = 0;
+    return {0, 0};
+  }
+  if (window_ == 0) {
+    window_ = min_window;
+  } else if (block > reader_block_ && block < readahead_next_) {
+    window_ = std::min(std::max(window_ * 2, min_window), std::max(max_window, min_window));
+  }
+  reader_block_ = std::max(reader_block_, block);
+  const int window = window_;
+  if (next_block + window <= readahead_next_) return {0, 0};
   const uint64_t first = std::max(next_block, readahead_next_);
   readahead_next_ = next_block + window;
   if (first == 0) return {0, 0};  // an empty read at offset 0: nothing crossed

@@ -37,19 +37,24 @@ class ReadStream {
   explicit ReadStream(FileRef file) : file_(std::move(file)) {}
 
   const FileRef& file() const { return file_; }
-  // Records a read of [offset, offset+size): a sequential reader crossing into a block not yet
-  // in its window gets the next `window` blocks queued, once per block boundary crossed.
+  // Records a read of [offset, offset+size): a sequential reader gets the blocks of its window
+  // ahead of it queued, once per block boundary crossed. The window starts at `min_window`
+  // blocks and doubles each time the reader enters a block that was read ahead, up to
+  // `max_window`; a read elsewhere starts it again.
   // Returns: the first block to read ahead and how many (0: none).
-  std::pair<uint64_t, int> Advance(uint64_t offset, size_t size, int window)
+  std::pair<uint64_t, int> Advance(uint64_t offset, size_t size, int min_window, int max_window)
       ABSL_LOCKS_EXCLUDED(mu_);
+  int window() ABSL_LOCKS_EXCLUDED(mu_);
   // Returns: true if the reader entered block `index` now (a new visit, which the policy counts).
   bool Enter(uint64_t index) { return last_block_.exchange(index) != index; }
 
  private:
   const FileRef file_;
   absl::Mutex mu_;
-  uint64_t next_offset_ ABSL_GUARDED_BY(mu_) = 0;     // where a sequential reader reads next
+  uint64_t next_offset_ ABSL_GUARDED_BY(mu_) = 0;     // the furthest a sequential reader got
   uint64_t readahead_next_ ABSL_GUARDED_BY(mu_) = 0;  // first block not yet queued
+  uint64_t reader_block_ ABSL_GUARDED_BY(mu_) = 0;    // the block the reader reached last
+  int window_ ABSL_GUARDED_BY(mu_) = 0;               // blocks; 0 until a sequential read
   std::atomic<uint64_t> last_block_{UINT64_MAX};
 };
 

@@ -13,15 +13,27 @@ std::shared_ptr<const BlockBuffer> RecentBlocks::Get(const BlockAddr& addr) {
   return nullptr;
 }
 
+std::shared_ptr<const BlockBuffer> RecentBlocks::Peek(const BlockAddr& addr, uint64_t* checksum) {
+  absl::MutexLock lock(&mu_);
+  for (const Recent& r : recent_) {
+    if (r.addr == addr) {
+      *checksum = r.checksum;
+      return r.data;
+    }
+  }
+  return nullptr;
+}
+
 void RecentBlocks::Erase(const BlockAddr& addr) {
   absl::MutexLock lock(&mu_);
   recent_.remove_if([&](const Recent& r) { return r.addr == addr; });
 }
 
-void RecentBlocks::Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data) {
+void RecentBlocks::Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data,
+                       uint64_t checksum) {
   if (keep_ == 0) return;
   absl::MutexLock lock(&mu_);
-  recent_.push_front({addr, std::move(data)});
+  recent_.push_front({addr, std::move(data), checksum});
   if (recent_.size() > keep_) recent_.pop_back();
 }
 

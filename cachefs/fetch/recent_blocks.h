@@ -1,6 +1,8 @@
-// RecentBlocks: the last blocks filled, kept in memory (the readahead window plus a couple). The
+// RecentBlocks: the last blocks filled, kept in memory (the readahead window plus some). The
 // kernel's many small reads of a block just filled are served from here rather than re-read from
-// the cache file, and a block the cache did not admit (policy, full disk) is fetched once.
+// the cache file, and a block the cache did not admit (policy, full disk) is fetched once. Peers
+// are sent a block from here while it is (a block just filled is what the other nodes of a
+// prefetch want next, and its cache file was written around the page cache).
 //
 // Thread-safe.
 #pragma once
@@ -23,13 +25,19 @@ class RecentBlocks {
 
   // Returns: the block's bytes (and makes it the newest), or nullptr.
   std::shared_ptr<const BlockBuffer> Get(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
-  void Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns: the block's bytes and checksum without making it the newest; nullptr if absent.
+  std::shared_ptr<const BlockBuffer> Peek(const BlockAddr& addr, uint64_t* checksum)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // `checksum`: of the whole block, checked or computed by its fill.
+  void Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data, uint64_t checksum)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Erase(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Recent {
     BlockAddr addr;
     std::shared_ptr<const BlockBuffer> data;
+    uint64_t checksum = 0;
   };
   const size_t keep_;
   absl::Mutex mu_;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "common/metrics.h"
+
 namespace ember::cachefs {
 namespace {
 // Bounds: blocks (small files fill fast and claim their checksums in batches) and bytes (large
@@ -27,8 +29,22 @@ WriteBehind::~WriteBehind() {
   for (auto& t : writers_) t.join();
 }
 
+namespace {
+metrics::Histogram* Stage(const char* stage) {
+  return metrics::Global().GetHistogram(
+      "ember_fill_stage_seconds",
+      "Stages of block fills after the bytes arrived: waiting for a writer (write_queue), "
+      "claiming checksums in meta (claim, per batch), storing in the cache (cache_write).",
+      {{"stage", stage}});
+}
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
 void WriteBehind::Submit(Write w) {
   const uint64_t len = w.data->size();
+  w.submitted = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&mu_);
     if (writes_.size() < kMaxQueuedWrites &&
@@ -62,6 +78,10 @@ void WriteBehind::Writer() {
 }
 
 void WriteBehind::StoreAll(std::vector<Write>& ws) {
+  static metrics::Histogram* const queue_stage = Stage("write_queue");
+  static metrics::Histogram* const claim_stage = Stage("claim");
+  static metrics::Histogram* const write_stage = Stage("cache_write");
+  for (const Write& w : ws) queue_stage->Observe(Since(w.submitted));
   std::vector<BlockDirectory::Claim> claims;
   std::vector<size_t> which;
   for (size_t i = 0; i < ws.size(); i++) {
@@ -70,7 +90,9 @@ void WriteBehind::StoreAll(std::vector<Write>& ws) {
     which.push_back(i);
   }
   std::vector<bool> conflict(ws.size(), false);
+  const auto claim_start = std::chrono::steady_clock::now();
   std::vector<bool> claimed = checksums_->Claim(claims);
+  if (!claims.empty()) claim_stage->Observe(Since(claim_start));
   for (size_t k = 0; k < which.size(); k++) conflict[which[k]] = claimed[k];
   for (size_t i = 0; i < ws.size(); i++) {
     const Write& w = ws[i];
@@ -82,8 +104,10 @@ void WriteBehind::StoreAll(std::vector<Write>& ws) {
           "refresh`",
           w.where);
     } else {
+      const auto write_start = std::chrono::steady_clock::now();
       cache_->Insert(w.addr, w.file_size, w.offset, w.data->view(),
                      w.checksum);  // or kept in memory
+      write_stage->Observe(Since(write_start));
     }
     w.fill->Settle(conflict[i]);
     inflight_->End(w.addr, w.fill);

@@ -14,6 +14,7 @@
 // under it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -43,6 +44,7 @@ class WriteBehind {
     std::shared_ptr<Fill> fill;  // settled and ended in SingleFlight once stored
     bool claim = false;          // read from the origin with no checksum known: claim it first
     std::string where;           // "DATASET block N of PATH", for the log
+    std::chrono::steady_clock::time_point submitted{};  // set by Submit
   };
 
   // Starts `threads` writers. Everything passed must outlive this.
