@@ -166,6 +166,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
 
   ReadPath::Options ro;
   ro.readahead_blocks = options.readahead_blocks;
+  ro.recent_blocks = static_cast<size_t>(std::max(0, options.recent_blocks));
   // One fill thread per readahead block at least: a thread is busy with a block's cache write
   // after its fetch, and fewer threads than blocks in the window leaves the origin idle.
   ro.fill_threads = std::max(options.fill_threads, options.readahead_blocks);

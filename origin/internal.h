@@ -40,10 +40,14 @@ bool XmlNext(std::string_view xml, std::string_view tag, size_t* pos, std::strin
 // 4xx), Unavailable (5xx).
 absl::Status HttpError(const HttpResponse& r, const std::string& what);
 
-// A ranged GET of [offset, offset + len) of `file` into buf, through `req` (URL and signing set).
-// The object must still have the manifest's size and pass `check` (ETag, Last-Modified).
+// A ranged GET of [offset, offset + len) of `file` into buf, through `req` (URL and signing set);
+// a read of 2 MiB or more is split into up to kRangedParts GETs of at least kRangedPartMin that
+// run at once (`check` is then called from several threads). The object must still have the
+// manifest's size and pass `check` (ETag, Last-Modified).
 // Returns: Ok; InvalidArgument (beyond the manifest's size); FailedPrecondition (changed);
 // Unavailable (server ignored the range); HttpError's codes; the client's errors.
+constexpr size_t kRangedParts = 4;
+constexpr size_t kRangedPartMin = 1 << 20;
 absl::Status RangedRead(HttpClient& http, HttpRequest req, const OriginFile& file, uint64_t offset,
                         size_t len, char* buf, const std::string& what,
                         const std::function<absl::Status(const HttpResponse&)>& check);

@@ -11,6 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <httplib.h>
+
+#include <mutex>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "origin/internal.h"
@@ -262,6 +267,80 @@ TEST(RouterTest, DirectoriesWalkAndReadThroughPosixRemoteUrisAreChecked) {
   EXPECT_TRUE(IsRemoteOrigin("https://h/p"));
   EXPECT_FALSE(IsRemoteOrigin("/data"));
   EXPECT_EQ(OpenRemoteOrigin("/data").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// An HTTP origin on loopback that answers ranged GETs and records them (one range per GET).
+class RangeServer {
+ public:
+  explicit RangeServer(std::string body) : body_(std::move(body)) {
+    server_.Get("/d/f.bin", [this](const httplib::Request& req, httplib::Response& res) {
+      auto [from, to] = req.ranges.at(0);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ranges_.emplace_back(from, to);
+      }
+      // httplib answers the range itself (206, Content-Range) from the whole body.
+      res.set_content(changed_ && from > 0 ? changed_body_ : body_, "application/octet-stream");
+    });
+    server_.set_keep_alive_max_count(1);  // stop() then need not wait for idle connections
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ~RangeServer() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_, "/d"); }
+  std::vector<std::pair<int64_t, int64_t>> Ranges() {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto r = ranges_;
+    std::sort(r.begin(), r.end());
+    ranges_.clear();
+    return r;
+  }
+  // From now on, parts after the first see a longer object (it changed mid-read).
+  void Change() {
+    changed_body_ = body_ + "more";
+    changed_ = true;
+  }
+
+ private:
+  const std::string body_;
+  std::string changed_body_;
+  std::atomic<bool> changed_{false};
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+};
+
+// A block's read from a remote origin is ranged GETs of its parts at once; the bytes are exact,
+// and a part that finds the object changed fails the whole read.
+TEST(RemoteOriginTest, ALargeReadIsPartsFetchedAtOnce) {
+  std::string body(5 << 20, '\0');
+  for (size_t i = 0; i < body.size(); i++) body[i] = static_cast<char>(i * 13 + i / 7919);
+  RangeServer server(body);
+  auto origin = OpenRemoteOrigin(server.url());
+  ASSERT_TRUE(origin.ok()) << origin.status();
+  OriginFile f{server.url(), "f.bin", body.size(), 0, ""};
+  std::string got(4 << 20, '\0');
+  ASSERT_TRUE((*origin)->Read(f, 1 << 20, got.size(), got.data()).ok());
+  EXPECT_TRUE(got == body.substr(1 << 20, 4 << 20));
+  using R = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(server.Ranges(), (std::vector<R>{{1 << 20, (2 << 20) - 1},
+                                            {2 << 20, (3 << 20) - 1},
+                                            {3 << 20, (4 << 20) - 1},
+                                            {4 << 20, (5 << 20) - 1}}));
+  // A small read stays one GET.
+  std::string small(100 << 10, '\0');
+  ASSERT_TRUE((*origin)->Read(f, 7, small.size(), small.data()).ok());
+  EXPECT_TRUE(small == body.substr(7, small.size()));
+  EXPECT_EQ(server.Ranges(), (std::vector<R>{{7, 7 + (100 << 10) - 1}}));
+  server.Change();
+  auto st = (*origin)->Read(f, 0, got.size(), got.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
 }
 
 TEST(NormalizeOriginTest, Validates) {

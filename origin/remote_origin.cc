@@ -3,10 +3,16 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <deque>
+#include <functional>
 #include <map>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -58,14 +64,12 @@ absl::Status HttpError(const HttpResponse& r, const std::string& what) {
   return absl::UnavailableError(msg);
 }
 
-// A ranged GET into buf; checks that the object still is what the manifest says.
-absl::Status RangedRead(HttpClient& http, HttpRequest req, const OriginFile& file, uint64_t offset,
+namespace {
+
+// One ranged GET into buf; checks that the object still is what the manifest says.
+absl::Status RangedPart(HttpClient& http, HttpRequest req, const OriginFile& file, uint64_t offset,
                         size_t len, char* buf, const std::string& what,
                         const std::function<absl::Status(const HttpResponse&)>& check) {
-  if (len == 0) return absl::OkStatus();
-  if (offset + len > file.size) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": read beyond the manifest's size"));
-  }
   req.range = std::make_pair(offset, offset + len - 1);
   req.into = buf;
   req.into_len = len;
@@ -84,6 +88,77 @@ absl::Status RangedRead(HttpClient& http, HttpRequest req, const OriginFile& fil
   if (r->received != len) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": got ", r->received, " bytes of ", len, " (object changed?)"));
+  }
+  return absl::OkStatus();
+}
+
+// Threads for the parts of ranged reads beyond the first (which the caller runs). Long-lived, so
+// each keeps its HTTP connections (HttpClient caches a handle per thread). Never destroyed:
+// reads may be in flight at exit.
+class PartPool {
+ public:
+  static PartPool& Get() {
+    static PartPool* pool = new PartPool(16);
+    return *pool;
+  }
+  void Run(std::function<void()> task) {
+    {
+      absl::MutexLock lock(&mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.Signal();
+  }
+
+ private:
+  explicit PartPool(int threads) {
+    for (int i = 0; i < threads; i++) std::thread([this] { Work(); }).detach();
+  }
+  void Work() {
+    while (true) {
+      std::function<void()> task;
+      {
+        absl::MutexLock lock(&mu_);
+        while (tasks_.empty()) cv_.Wait(&mu_);
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::Status RangedRead(HttpClient& http, HttpRequest req, const OriginFile& file, uint64_t offset,
+                        size_t len, char* buf, const std::string& what,
+                        const std::function<absl::Status(const HttpResponse&)>& check) {
+  if (len == 0) return absl::OkStatus();
+  if (offset + len > file.size) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": read beyond the manifest's size"));
+  }
+  // A large read is kRangedParts GETs at once: one object store connection moves far less than
+  // a node's NIC, and a block's parts arrive together.
+  const size_t parts = std::min<size_t>(kRangedParts, len / kRangedPartMin);
+  if (parts <= 1) return RangedPart(http, req, file, offset, len, buf, what, check);
+  const size_t part = (len + parts - 1) / parts;
+  std::vector<absl::Status> status(parts);
+  absl::BlockingCounter others(static_cast<int>(parts - 1));
+  for (size_t i = 1; i < parts; i++) {
+    const size_t at = i * part;
+    PartPool::Get().Run([&, i, at] {
+      status[i] = RangedPart(http, req, file, offset + at, std::min(part, len - at), buf + at, what,
+                             check);
+      others.DecrementCount();
+    });
+  }
+  status[0] = RangedPart(http, req, file, offset, part, buf, what, check);
+  others.Wait();
+  // The later parts' errors first: a server that ignores ranges says so only there.
+  for (size_t i = 1; i <= parts; i++) {
+    if (!status[i % parts].ok()) return status[i % parts];
   }
   return absl::OkStatus();
 }

@@ -53,12 +53,14 @@ class ClusterTest : public ::testing::Test {
   }
 
   std::unique_ptr<NodeProcess> Node(const std::string& id, int host,
-                                    const std::string& token_file = "") {
+                                    const std::string& token_file = "",
+                                    std::vector<std::string> more_args = {}) {
     NodeProcess::Options o;
     o.id = id;
     o.listen_host = absl::StrCat("127.0.0.", host);
     o.extra_args = {"--token-file", token_file.empty() ? dir_.Sub("token") : token_file,
                     "--transport", "auto"};
+    o.extra_args.insert(o.extra_args.end(), more_args.begin(), more_args.end());
     auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
     EXPECT_TRUE(n->Start());
     return n;
@@ -118,7 +120,8 @@ TEST_F(ClusterTest, OriginReadOnceThenPeersServe) {
 // A node checks what it sends: its damaged copies are found when a peer asks, quarantined (the
 // peer reads elsewhere) and refilled; no bad byte ever reaches the peer.
 TEST_F(ClusterTest, CorruptPeerIsDetectedAndNeverServed) {
-  auto a = Node("a", 2);
+  // A keeps no blocks in memory: every send is from its (damaged) cache files.
+  auto a = Node("a", 2, "", {"--recent-blocks", "0", "--readahead", "0"});
   ASSERT_EQ(ReadAll(*a), 0);
   Settled(*a);
   // Corrupt every cached block on A, in place, while A keeps serving.

@@ -89,7 +89,11 @@ class IntegrityTest : public ::testing::Test {
     NodeProcess::Options o;
     o.id = id;
     o.listen_host = host;
-    o.extra_args = std::move(extra);
+    // These tests damage cache files: reads and sends must come from them, not from the blocks
+    // just filled that the agent keeps in memory, which are kept to a few here (readahead
+    // window 4 + 2).
+    o.extra_args = {"--recent-blocks", "2", "--readahead", "4"};
+    o.extra_args.insert(o.extra_args.end(), extra.begin(), extra.end());
     auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
     EXPECT_TRUE(n->Start());
     return n;

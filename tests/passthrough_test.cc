@@ -152,7 +152,7 @@ TEST_F(PassthroughTest, EvictionNeverPunchesAFileOpenInPassthrough) {
   Ember({"dataset", "add", "ds", origin_});
   NodeProcess::Options o;
   o.cache_size = "28MiB";
-  o.extra_args = {"--readahead", "1"};
+  o.extra_args = {"--readahead", "1", "--recent-blocks", "2"};
   auto node = StartNode(o);
   const std::string mnt = node->mount() + "/ds";
   const std::string want = ReadFile(origin_ + "/held.bin");

@@ -148,6 +148,57 @@ TEST_F(PrefetchTest, FullModeWarmsEveryNodeReadingTheOriginOnce) {
   EXPECT_NE(r.out.find("(origin 0 B, peers 0 B)"), std::string::npos) << r.out;
 }
 
+// Nodes hear of a job from meta at once (WatchPrefetches), not at their next heartbeat: with
+// heartbeats 20 s apart, a prefetch of this small dataset is done long before one.
+TEST_F(PrefetchTest, ANodeStartsAJobAtOnceNotAtItsNextHeartbeat) {
+  meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta-long-lease"), "60s");
+  ASSERT_EQ(Ember({"dataset", "add", "ds", origin_}).exit_code, 0);
+  StartNodes(3);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = Ember({"prefetch", "ds", "--mode", "full", "--all"});
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("done"), std::string::npos) << r.out;
+  EXPECT_LT(took, std::chrono::seconds(10)) << "the nodes waited for a heartbeat";
+  uint64_t origin_reads = 0;
+  for (auto& n : nodes_) {
+    origin_reads += n->SettledStats(meta_->client(), std::chrono::milliseconds(800))
+                        .origin_block_reads();
+  }
+  EXPECT_EQ(origin_reads, blocks_);  // each block read from the origin once, by its owner
+}
+
+// The watch itself: answers at once for an unknown epoch, waits for a change (a job started
+// meanwhile), and ends at once when cancelled.
+TEST_F(PrefetchTest, WatchPrefetchesWaitsForAChangeAndCanBeCancelled) {
+  StartNodes(1);
+  meta::MetaClient& c = meta_->client();
+  auto now = c.WatchPrefetches("n1", 0, std::chrono::seconds(5));
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->prefetches_size(), 0);
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(Ember({"prefetch", "ds", "--detach"}).exit_code, 0);
+  });
+  auto changed = c.WatchPrefetches("n1", now->epoch(), std::chrono::seconds(5));
+  starter.join();
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_NE(changed->epoch(), now->epoch());
+  ASSERT_EQ(changed->prefetches_size(), 1);
+  EXPECT_EQ(changed->prefetches(0).spec().dataset(), "ds");
+  // Cancelled: the watch in flight ends with Cancelled, and so do later ones.
+  meta::MetaClient other(meta_->address());
+  absl::StatusOr<rpc::WatchPrefetchesResponse> cancelled;
+  std::thread watcher([&] {
+    cancelled = other.WatchPrefetches("n1", changed->epoch(), std::chrono::seconds(5));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  other.CancelWatches();
+  watcher.join();
+  EXPECT_TRUE(absl::IsCancelled(cancelled.status())) << cancelled.status();
+  EXPECT_TRUE(absl::IsCancelled(other.WatchPrefetches("n1", 0, std::chrono::seconds(1)).status()));
+}
+
 TEST_F(PrefetchTest, StripeModeSpreadsReplicas) {
   StartNodes(3);
   auto r = Ember({"prefetch", "ds", "--mode", "stripe", "--replicas", "1"});

@@ -37,6 +37,7 @@ struct NodeFlags {
   uint32_t gpus = 0;
   bool allow_other = false;
   int readahead = 16;
+  int recent_blocks = 48;
   std::string transport = "auto";
   std::string peer_timeout = "3s";
   std::string metrics_listen;
@@ -65,7 +66,13 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--labels", f->labels, "Topology labels, e.g. rack=r1,switch=s1");
   c->add_option("--gpus", f->gpus, "GPUs on this node (for the scheduler)");
   c->add_flag("--allow-other", f->allow_other, "Let other users read the mount");
-  c->add_option("--readahead", f->readahead, "Most blocks to read ahead of a sequential reader (the window grows to it)")
+  c->add_option("--readahead", f->readahead,
+                "Most blocks to read ahead of a sequential reader (the window grows to it; 0: "
+                "none)")
+      ->capture_default_str();
+  c->add_option("--recent-blocks", f->recent_blocks,
+                "Blocks just filled kept in memory besides the readahead window (small reads "
+                "of them, and peers that want them next, are served from there)")
       ->capture_default_str();
   c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
       ->capture_default_str();
@@ -129,6 +136,7 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.mountpoint = f.mount;
   o.mount.allow_other = f.allow_other;
   o.readahead_blocks = f.readahead;
+  o.recent_blocks = f.recent_blocks;
   o.fuse_binding = f.fuse_binding;
   o.mount.passthrough = !f.no_passthrough;
   o.direct_cache_writes = !f.buffered_cache_writes;

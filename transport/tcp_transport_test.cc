@@ -111,6 +111,9 @@ TEST_F(TcpTransportTest, FetchesWholeAndPartialBlocks) {
   EXPECT_TRUE(buf == data_.substr(1 << 20, 2 << 20));
   EXPECT_EQ(info.block_length, 2u << 20);
   EXPECT_EQ(info.block_checksum, BlockChecksum(buf.data(), buf.size()));
+  // The client hashed the bytes as they arrived: the same checksum as hashing them after.
+  ASSERT_TRUE(info.received_checksum.has_value());
+  EXPECT_EQ(*info.received_checksum, BlockChecksum(buf.data(), buf.size()));
   // A range inside a block, on the pooled connection.
   std::string part(1000, '\0');
   ASSERT_TRUE(client->Fetch(peer_, {1, 1, 5, 1}, 12345, 1000, part.data(), nullptr).ok());
@@ -119,6 +122,45 @@ TEST_F(TcpTransportTest, FetchesWholeAndPartialBlocks) {
   // The server counts bytes once they are sent, which may be a moment after the client has them.
   EXPECT_TRUE(testing::WaitFor([&] { return server_->GetStats().bytes == (2u << 20) + 1000; }))
       << server_->GetStats().bytes;
+}
+
+// A source may hand over a block in memory (a block just filled): TCP sends it from there, and
+// asks for memory only where it can take it. What arrives is hashed as received, so bytes that
+// do not match the block's checksum show in received_checksum for the caller to refuse.
+TEST_F(TcpTransportTest, BlocksInMemoryAreSentFromMemory) {
+  class MemorySource : public BlockSource {
+   public:
+    explicit MemorySource(std::string bytes) : bytes_(std::move(bytes)) {}
+    std::optional<Block> Get(const BlockAddr&, bool memory_ok) override {
+      asked_for_memory = memory_ok;
+      Block b;
+      b.data = bytes_.data();
+      b.length = static_cast<uint32_t>(bytes_.size());
+      b.checksum = 42;  // what the holder claims; not the bytes' checksum
+      return b;
+    }
+    bool asked_for_memory = false;
+
+   private:
+    std::string bytes_;
+  };
+  std::string bytes = data_.substr(0, 1 << 20);
+  MemorySource source(bytes);
+  auto server = StartBlockServer("127.0.0.1:0", &source, options_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = NewTcpTransport(options_);
+  std::string buf(1 << 20, '\0');
+  FetchInfo info;
+  ASSERT_TRUE(client
+                  ->Fetch(absl::StrCat("127.0.0.1:", (*server)->port()), {1, 1, 9, 0}, 0, 1 << 20,
+                          buf.data(), &info)
+                  .ok());
+  EXPECT_TRUE(source.asked_for_memory);
+  EXPECT_TRUE(buf == bytes);
+  EXPECT_EQ(info.block_checksum, 42u);
+  EXPECT_EQ(*info.received_checksum, BlockChecksum(bytes.data(), bytes.size()));
+  EXPECT_NE(*info.received_checksum, info.block_checksum);
+  (*server)->Stop();
 }
 
 TEST_F(TcpTransportTest, CleanErrors) {

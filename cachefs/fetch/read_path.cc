@@ -55,8 +55,10 @@ std::unique_ptr<ReadStream> ReadPath::OpenStream(const FileRef& file) const {
 absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, size_t size,
                                           char* buf) {
   // Sequential reader: queue the next blocks once per block boundary crossed.
+  // readahead_blocks 0: none.
+  const int most = std::max(0, options_.readahead_blocks);
   auto [first, count] =
-      stream.Advance(offset, size, options_.readahead_min_blocks, options_.readahead_blocks);
+      stream.Advance(offset, size, std::min(options_.readahead_min_blocks, most), most);
   if (count > 0) readahead_->Queue(stream.file(), first, count);
   return ReadBlocks(stream.file(), offset, size, &stream, buf);
 }

@@ -263,10 +263,39 @@ TEST_F(ReadPathTest, OriginErrorsAreErrorsNotBytes) {
 TEST_F(ReadPathTest, ASequentialReaderGetsTheNextBlocksFilledAhead) {
   auto stream = read_path_->OpenStream(Ref());
   ASSERT_TRUE(read_path_->Read(*stream, 0, 10).ok());
-  // The window (4 blocks) after the block being read.
-  EXPECT_TRUE(testing::WaitFor([&] { return cache_->Resident({1, 1, 4, 4}); }));
-  for (uint64_t i = 1; i <= 4; i++) EXPECT_TRUE(cache_->Resident({1, 1, 4, i})) << i;
-  EXPECT_FALSE(cache_->Resident({1, 1, 4, 5}));
+  // The first window (2 blocks) after the block being read.
+  EXPECT_TRUE(testing::WaitFor([&] { return cache_->Resident({1, 1, 4, 2}); }));
+  for (uint64_t i = 1; i <= 2; i++) EXPECT_TRUE(cache_->Resident({1, 1, 4, i})) << i;
+  EXPECT_FALSE(cache_->Resident({1, 1, 4, 3}));
+  // Entering a block read ahead doubles the window: the rest of the file follows.
+  ASSERT_TRUE(read_path_->Read(*stream, 10, kBlock).ok());
+  EXPECT_TRUE(testing::WaitFor([&] { return cache_->Resident({1, 1, 4, 5}); }));
+  EXPECT_EQ(stream->window(), 4);
+}
+
+// The window of a sequential reader: starts small, doubles at each block read ahead that the
+// reader enters, stops at the bound, and starts again after a jump.
+TEST(ReadStreamTest, TheWindowGrowsWithASequentialReaderAndStartsAgainAfterAJump) {
+  FileRef f;
+  f.block_size = kBlock;
+  f.origin.size = 1000 * kBlock;
+  ReadStream s(f);
+  using P = std::pair<uint64_t, int>;
+  EXPECT_EQ(s.Advance(0, 10, 2, 16), P(1, 2));
+  EXPECT_EQ(s.Advance(10, kBlock - 10, 2, 16), P(0, 0));  // the rest of block 0
+  EXPECT_EQ(s.Advance(kBlock, 10, 2, 16), P(3, 3));       // block 1: window 4, to block 6
+  EXPECT_EQ(s.Advance(2 * kBlock, 10, 2, 16), P(6, 5));   // window 8
+  EXPECT_EQ(s.Advance(3 * kBlock, 10, 2, 16), P(11, 9));  // window 16
+  EXPECT_EQ(s.Advance(4 * kBlock, 10, 2, 16), P(20, 1));  // still 16: the bound
+  EXPECT_EQ(s.window(), 16);
+  // Requests a little out of order are still the same sequential reader.
+  EXPECT_EQ(s.Advance(4 * kBlock + 5000, 10, 2, 16), P(0, 0));
+  EXPECT_EQ(s.window(), 16);
+  // A jump: nothing now, then a small window from there.
+  EXPECT_EQ(s.Advance(100 * kBlock, 10, 2, 16), P(0, 0));
+  EXPECT_EQ(s.window(), 0);
+  EXPECT_EQ(s.Advance(100 * kBlock + 10, 10, 2, 16), P(101, 2));
+  EXPECT_EQ(s.window(), 2);
 }
 
 TEST_F(ReadPathTest, HoldFileNeedsEveryBlockResident) {

@@ -29,6 +29,19 @@ void RecentBlocks::Erase(const BlockAddr& addr) {
   recent_.remove_if([&](const Recent& r) { return r.addr == addr; });
 }
 
+void RecentBlocks::Unstored(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  size_t unstored = 0;
+  for (auto it = recent_.begin(); it != recent_.end();) {
+    if (it->addr == addr) it->unstored = true;
+    if (it->unstored && ++unstored > keep_unstored_) {
+      it = recent_.erase(it);  // the oldest ones beyond the bound (the list is newest first)
+      continue;
+    }
+    ++it;
+  }
+}
+
 void RecentBlocks::Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data,
                        uint64_t checksum) {
   if (keep_ == 0) return;

@@ -20,8 +20,11 @@ namespace ember::cachefs {
 
 class RecentBlocks {
  public:
-  // Keeps the last `keep` blocks put (0: none).
-  explicit RecentBlocks(size_t keep) : keep_(keep) {}
+  // Keeps the last `keep` blocks put (0: none), of which at most `keep_unstored` that the cache
+  // did not store: those are filled again once they leave, and then offered to the cache again
+  // (a disk that was full may have room).
+  explicit RecentBlocks(size_t keep, size_t keep_unstored = 6)
+      : keep_(keep), keep_unstored_(keep_unstored) {}
 
   // Returns: the block's bytes (and makes it the newest), or nullptr.
   std::shared_ptr<const BlockBuffer> Get(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -32,14 +35,18 @@ class RecentBlocks {
   void Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data, uint64_t checksum)
       ABSL_LOCKS_EXCLUDED(mu_);
   void Erase(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
+  // The cache did not store the block (policy, full disk).
+  void Unstored(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Recent {
     BlockAddr addr;
     std::shared_ptr<const BlockBuffer> data;
     uint64_t checksum = 0;
+    bool unstored = false;
   };
   const size_t keep_;
+  const size_t keep_unstored_;
   absl::Mutex mu_;
   std::list<Recent> recent_ ABSL_GUARDED_BY(mu_);  // front = newest
 };

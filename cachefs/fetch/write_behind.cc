@@ -105,8 +105,10 @@ void WriteBehind::StoreAll(std::vector<Write>& ws) {
           w.where);
     } else {
       const auto write_start = std::chrono::steady_clock::now();
-      cache_->Insert(w.addr, w.file_size, w.offset, w.data->view(),
-                     w.checksum);  // or kept in memory
+      if (cache_->Insert(w.addr, w.file_size, w.offset, w.data->view(), w.checksum) !=
+          BlockCache::InsertResult::kStored) {
+        recent_->Unstored(w.addr);  // kept in memory a short while only
+      }
       write_stage->Observe(Since(write_start));
     }
     w.fill->Settle(conflict[i]);
