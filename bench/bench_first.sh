@@ -11,11 +11,14 @@
 #           against read-and-store: the same reads with each 4 MiB stored O_DIRECT, no FUSE;
 #   peer-1  node b's first read of what a holds (a's cache pages re-read into memory first),
 #           1 reader; "stored" is until b's cache holds every block;
-#   peer-4  node c the same with 4 readers (one per file);
+#   peer-4  node c the same with 4 readers (one per file), from a and b (both warm);
 #   prefetch  after a restart with empty caches, `ember prefetch --mode full` to the 3 nodes:
 #           wall time of the command;
-# and the ceilings: the 1 GiB written with O_DIRECT by one writer (1 node's cache write), by
-# three writers at once (3 nodes' cache writes), and raw TCP over loopback (peer_bench).
+# and the ceilings: the 1 GiB written with O_DIRECT by one writer (1 node's cache write; right
+# before peer-1), by three writers at once (3 nodes' cache writes; right before the prefetch:
+# this virtual disk writes slower after gigabytes were written and deleted, so each ceiling is
+# taken in the state its case meets), raw TCP over loopback (peer_bench), read-and-store
+# (read_bench store).
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 BUILD=$(realpath "${1:-build}")
@@ -81,11 +84,7 @@ wait_stored() {  # NODE BLOCKS: until the node's cache holds BLOCKS blocks (60 s
   say "node 127.0.0.$1 never stored $2 blocks"
   return 1
 }
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-
-for run in $(seq "$RUNS"); do
-  say "run $run/$RUNS"
-  # ---- ceilings ----
+write1() {  # the 1 GiB written O_DIRECT by one writer: one node's cache writes
   warm_origin
   t0=$(date +%s.%N)
   for i in 0 1 2 3; do
@@ -94,6 +93,8 @@ for run in $(seq "$RUNS"); do
   t1=$(date +%s.%N)
   rm -f "$WORK/ceil1"
   record write1 "$(mibs "$(secs "$t0" "$t1")")"
+}
+write3() {  # the 1 GiB written O_DIRECT by three writers at once: three nodes' cache writes
   warm_origin
   W=()
   t0=$(date +%s.%N)
@@ -107,6 +108,14 @@ for run in $(seq "$RUNS"); do
   t1=$(date +%s.%N)
   rm -f "$WORK"/ceil3.*
   record write3-s "$(secs "$t0" "$t1")"
+}
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+settle() { sync; sleep 2; }  # the last case's disk writes and deletions done before the next
+
+for run in $(seq "$RUNS"); do
+  say "run $run/$RUNS"
+  # ---- ceilings ----
+  settle
   ls "${FILES[@]}" > "$WORK/list"
   rm -rf "$WORK/store"; mkdir -p "$WORK/store"
   warm_origin
@@ -121,12 +130,13 @@ for run in $(seq "$RUNS"); do
   record origin "$(mibs "$(secs "$t0" "$t1")")"
   wait_stored 2 256
   sleep 0.5                                  # a's last blocks reach meta
+  settle; write1; settle                     # b's ceiling, in the same disk state
   drop_caches; cat "$WORK"/a/cache/blocks/*/*/* > /dev/null  # a serves from memory
   t0=$(date +%s.%N); cat "$WORK"/b/mnt/first/f?.bin > /dev/null; t1=$(date +%s.%N)
   wait_stored 3 256; t2=$(date +%s.%N)
   record peer1 "$(mibs "$(secs "$t0" "$t1")")"
   record peer1-stored "$(mibs "$(secs "$t0" "$t2")")"
-  cat "$WORK"/a/cache/blocks/*/*/* > /dev/null
+  cat "$WORK"/a/cache/blocks/*/*/* "$WORK"/b/cache/blocks/*/*/* > /dev/null
   R=()
   t0=$(date +%s.%N)
   for i in 0 1 2 3; do cat "$WORK/c/mnt/first/f$i.bin" > /dev/null & R+=($!); done
@@ -137,8 +147,11 @@ for run in $(seq "$RUNS"); do
   record peer4-stored "$(mibs "$(secs "$t0" "$t2")")"
   record peer-from-origin "$(metric 3 'ember_read_bytes_total{source="origin"}')"
 
-  # ---- prefetch to 3 nodes ----
+  # ---- prefetch to 3 nodes, and its ceiling measured just before (the same disk state) ----
   cluster_up
+  settle
+  write3
+  settle
   warm_origin
   t0=$(date +%s.%N)
   "$B/ember" prefetch first --all --mode full > "$WORK/prefetch.out" 2>&1

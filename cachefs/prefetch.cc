@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "cachefs/dataset_fs.h"
 #include "common/units.h"
 
@@ -299,17 +300,17 @@ void PrefetchRunner::Run(Running* r) {
   std::vector<std::thread> workers;
   for (int i = 0; i < kWorkers; i++) workers.emplace_back(worker);
   // Report while working.
-  std::atomic<bool> done{false};
+  // Ends at once when the work is done (the final report follows without waiting out a period).
+  absl::Notification done;
   std::thread reporter([&] {
-    while (!done) {
-      std::this_thread::sleep_for(kReportEvery);
+    while (!done.WaitForNotificationWithTimeout(absl::FromChrono(kReportEvery))) {
       rpc::PrefetchNodeProgress snapshot;
       {
         absl::MutexLock lock(&mu);
         snapshot = progress;
       }
       // Best effort: the next report, and the final one (retried), carry the same progress.
-      if (!done) (void)meta_->ReportPrefetch(job.id(), snapshot);
+      (void)meta_->ReportPrefetch(job.id(), snapshot);
     }
   });
   // This thread moves waiting blocks on: the first kLocateBatch of them located in one call,
@@ -354,7 +355,7 @@ void PrefetchRunner::Run(Running* r) {
     if (!r->cancel && left > 0) cv.WaitWithTimeout(&mu, absl::FromChrono(poll));
   }
   for (auto& w : workers) w.join();
-  done = true;
+  done.Notify();
   reporter.join();
   {
     absl::MutexLock lock(&mu);
