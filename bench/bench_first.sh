@@ -2,7 +2,7 @@
 # bench_first.sh BUILD: a block's first arrival on a node, end to end through mounts of separate
 # node processes, beside this machine's ceilings for the same work measured in the same run.
 # Not a test. Part of `make bench` (bench.sh); RUNS (default 3) interleaved runs, medians with
-# min-max. Writes a markdown table to stdout and one JSON object per figure to
+# min-max; NODE_ARGS are added to every `ember node`. Writes a markdown table to stdout and one JSON object per figure to
 # $BUILD/bench/first.json.
 #
 # Data: 4 files of 256 MiB (1 GiB), origin warm in the page cache. Each run starts a fresh meta
@@ -65,7 +65,8 @@ cluster_up() {  # fresh meta and nodes a, b, c; the dataset "first"
     mkdir -p "$WORK/$n/mnt"
     "$B/ember" node --listen "127.0.0.$h:$((PORT + 1))" --cache-dir "$WORK/$n/cache" \
       --cache-size 4GiB --mount "$WORK/$n/mnt" --node-id "$n" \
-      --metrics-listen "127.0.0.$h:$((PORT + 2))" --metrics-open /metrics > "$WORK/$n.log" 2>&1 &
+      --metrics-listen "127.0.0.$h:$((PORT + 2))" --metrics-open /metrics ${NODE_ARGS:-} \
+      > "$WORK/$n.log" 2>&1 &
     PIDS+=($!)
     wait_for_log "$WORK/$n.log" "serving datasets at" $!
     h=$((h + 1))

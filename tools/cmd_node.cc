@@ -36,7 +36,7 @@ struct NodeFlags {
   std::string labels;
   uint32_t gpus = 0;
   bool allow_other = false;
-  int readahead = 16;
+  int readahead = 8;
   int recent_blocks = 48;
   std::string transport = "auto";
   std::string peer_timeout = "3s";

@@ -64,7 +64,7 @@ class ReadPath {
   struct Options {
     // Blocks filled ahead of a sequential reader: a window that starts at readahead_min_blocks
     // and doubles as the reader keeps entering blocks read ahead, up to readahead_blocks.
-    int readahead_blocks = 16;
+    int readahead_blocks = 8;
     int readahead_min_blocks = 2;
     int fill_threads = 8;  // background fills (readahead)
     // The last blocks filled stay in memory (this many besides the readahead window): the
