@@ -62,7 +62,7 @@ struct NodeOptions {
   std::string mountpoint;
   MountOptions mount;
   int readahead_blocks = 8;  // the most; the window grows to it (ReadPath::Options)
-  int recent_blocks = 48;     // blocks just filled kept in memory besides the readahead window
+  int recent_blocks = 48;    // blocks just filled kept in memory besides the readahead window
   int fill_threads = 8;
   // The scrubber's pace in bytes per second (cache/scrubber.h): -1 = a full pass per day of the
   // cache's capacity; 0 = no background pass.

@@ -23,7 +23,6 @@ constexpr auto kWatchWait = std::chrono::milliseconds(5000);
 constexpr auto kPollMin = std::chrono::milliseconds(20);
 constexpr auto kPollMax = std::chrono::milliseconds(200);
 
-
 bool Under(const std::string& path, const std::string& sel) {
   return sel.empty() || path == sel ||
          (path.size() > sel.size() && path.compare(0, sel.size(), sel) == 0 &&
@@ -220,9 +219,9 @@ void PrefetchRunner::Run(Running* r) {
   // mu -> the cache's (SetPin of a block just made resident).
   absl::Mutex mu;
   absl::CondVar cv;
-  std::deque<Item> own;      // blocks to fill now from a peer that has them, else the origin
-  std::deque<Item> located;  // others' blocks a peer holds now: peer-only fills
-  std::deque<Item> waiting;  // others' blocks their owners have not delivered yet
+  std::deque<Item> own;       // blocks to fill now from a peer that has them, else the origin
+  std::deque<Item> located;   // others' blocks a peer holds now: peer-only fills
+  std::deque<Item> waiting;   // others' blocks their owners have not delivered yet
   size_t left = mine.size();  // blocks not yet done, wherever they are
   const auto start = std::chrono::steady_clock::now();
   const int64_t pin_until = job.pin_until_unix_ms();
@@ -244,8 +243,8 @@ void PrefetchRunner::Run(Running* r) {
       const bool peer_has = held.ok() && (*held)[i - at];
       if (owner) {
         // Meta unreachable: each fill asks for itself (and reads the origin if it must).
-        own.push_back({b, held.ok() ? FillRoute::kKnownPeersThenOrigin
-                                    : FillRoute::kPeersThenOrigin, start});
+        own.push_back(
+            {b, held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin, start});
       } else {
         (peer_has ? located : waiting).push_back({b, FillRoute::kPeersOnly, start});
       }

@@ -231,9 +231,8 @@ std::vector<rpc::PrefetchJob> PrefetchJobs::ForNode(const std::string& node_id) 
 
 uint64_t PrefetchJobs::WaitForChange(uint64_t known_epoch, absl::Time deadline) {
   mu_.AssertNotHeld();
-  auto changed = [this, known_epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return epoch_ != known_epoch;
-  };
+  auto changed = [this, known_epoch]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return epoch_ != known_epoch; };
   mu_.LockWhenWithDeadline(absl::Condition(&changed), deadline);
   const uint64_t epoch = epoch_;
   mu_.Unlock();

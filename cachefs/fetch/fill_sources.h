@@ -25,9 +25,9 @@ namespace ember::cachefs {
 
 // Where a fill may look for a block's bytes.
 enum class FillRoute {
-  kPeersThenOrigin,         // a peer meta names (asked now unless known), else the origin
-  kPeersOnly,               // a peer, or NotFound (a prefetch waiting for the block's owner)
-  kKnownPeersThenOrigin,    // a peer already located (no call to meta now), else the origin
+  kPeersThenOrigin,       // a peer meta names (asked now unless known), else the origin
+  kPeersOnly,             // a peer, or NotFound (a prefetch waiting for the block's owner)
+  kKnownPeersThenOrigin,  // a peer already located (no call to meta now), else the origin
 };
 inline bool AllowsOrigin(FillRoute r) { return r != FillRoute::kPeersOnly; }
 

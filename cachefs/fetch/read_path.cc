@@ -235,8 +235,10 @@ bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_
   // Readers waiting on this fill get the bytes now, from memory; the cache write happens after,
   // while they go on. Readers arriving meanwhile join this (done) fill: it stays in flight until
   // the write ends.
-  fill->Finish(
-      {.status = f.status, .data = f.data, .from_peer = f.from_peer, .peer_only = !AllowsOrigin(route)});
+  fill->Finish({.status = f.status,
+                .data = f.data,
+                .from_peer = f.from_peer,
+                .peer_only = !AllowsOrigin(route)});
   if (!f.status.ok()) {
     fill->Settle(false);
     return false;

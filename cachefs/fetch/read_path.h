@@ -95,9 +95,9 @@ class ReadPath {
 
   // Where a block made resident came from.
   enum class Source { kResident, kPeer, kOrigin };
-  // Makes one block resident and waits until it is stored (prefetch), from where `route` says. `before_origin` runs before an origin read (a rate limit).
-  // Returns: the source; NotFound when peer-only and no peer has it yet; FailedPrecondition
-  // when the origin changed; the fill's error.
+  // Makes one block resident and waits until it is stored (prefetch), from where `route` says.
+  // `before_origin` runs before an origin read (a rate limit). Returns: the source; NotFound when
+  // peer-only and no peer has it yet; FailedPrecondition when the origin changed; the fill's error.
   absl::StatusOr<Source> MakeResident(const FileRef& file, uint64_t index, FillRoute route,
                                       const std::function<void(uint64_t bytes)>& before_origin);
 

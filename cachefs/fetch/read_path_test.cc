@@ -2,10 +2,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <thread>
@@ -378,8 +377,10 @@ TEST_F(ReadPathTest, ConflictingClaimKeepsTheBlockOutAndLaterReadsFail) {
   EXPECT_EQ(src.status().code(), absl::StatusCode::kFailedPrecondition) << src.status();
   EXPECT_FALSE(cache_->Resident({1, 1, 4, 4}));
   // Other blocks are unaffected.
-  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, FillRoute::kPeersThenOrigin, {}).value(), ReadPath::Source::kOrigin);
-  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, FillRoute::kPeersThenOrigin, {}).value(), ReadPath::Source::kResident);
+  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, FillRoute::kPeersThenOrigin, {}).value(),
+            ReadPath::Source::kOrigin);
+  EXPECT_EQ(read_path_->MakeResident(Ref(), 0, FillRoute::kPeersThenOrigin, {}).value(),
+            ReadPath::Source::kResident);
 }
 
 // With meta unreachable the reads go on and the blocks are cached; the claims wait in the book
