@@ -243,7 +243,7 @@ bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_
     fill->Settle(false);
     return false;
   }
-  recent_.Put(addr, f.data, f.checksum);
+  recent_.Put(addr, f.data, f.checksum, !f.from_peer);
   const uint64_t offset = index * file.block_size;
   write_behind_->Submit({addr, file.origin.size, offset, f.data, f.checksum, fill, f.claim,
                          f.claim ? absl::StrCat(file.dataset_name, " block ", index, " of ",

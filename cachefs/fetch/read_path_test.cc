@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "cachefs/fetch/recent_blocks.h"
 #include "tests/testing/testing.h"
 
 namespace ember::cachefs {
@@ -295,6 +296,33 @@ TEST(ReadStreamTest, TheWindowGrowsWithASequentialReaderAndStartsAgainAfterAJump
   EXPECT_EQ(s.window(), 0);
   EXPECT_EQ(s.Advance(100 * kBlock + 10, 10, 2, 16), P(101, 2));
   EXPECT_EQ(s.window(), 2);
+}
+
+// A prefetch's blocks from the origin are what the other nodes want next: those outlive the
+// blocks that came from peers (which have another holder); with only origin blocks, the oldest
+// leaves.
+TEST(RecentBlocksTest, BlocksFromTheOriginOutliveBlocksFromPeers) {
+  RecentBlocks recent(3);
+  auto block = [](uint64_t i) { return BlockAddr{1, 1, 7, i}; };
+  auto buf = std::make_shared<const BlockBuffer>(4096);
+  uint64_t sum = 0;
+  recent.Put(block(0), buf, 10, /*from_origin=*/true);
+  recent.Put(block(1), buf, 11, /*from_origin=*/false);
+  recent.Put(block(2), buf, 12, /*from_origin=*/true);
+  recent.Put(block(3), buf, 13, /*from_origin=*/true);  // one must leave: the peer's block 1
+  EXPECT_EQ(recent.Peek(block(1), &sum), nullptr);
+  ASSERT_NE(recent.Peek(block(0), &sum), nullptr);
+  EXPECT_EQ(sum, 10u);
+  // The newest block stays (readers are reading it) though it is from a peer: the oldest, 0, leaves.
+  recent.Put(block(4), buf, 14, /*from_origin=*/false);
+  EXPECT_EQ(recent.Peek(block(0), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(2), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(4), &sum), nullptr);
+  recent.Put(block(5), buf, 15, /*from_origin=*/false);  // the peer's 4 leaves before 2 and 3
+  EXPECT_EQ(recent.Peek(block(4), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(2), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(3), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(5), &sum), nullptr);
 }
 
 TEST_F(ReadPathTest, HoldFileNeedsEveryBlockResident) {

@@ -1,5 +1,7 @@
 #include "cachefs/fetch/recent_blocks.h"
 
+#include <algorithm>
+
 namespace ember::cachefs {
 
 std::shared_ptr<const BlockBuffer> RecentBlocks::Get(const BlockAddr& addr) {
@@ -43,11 +45,23 @@ void RecentBlocks::Unstored(const BlockAddr& addr) {
 }
 
 void RecentBlocks::Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer> data,
-                       uint64_t checksum) {
+                       uint64_t checksum, bool from_origin) {
   if (keep_ == 0) return;
   absl::MutexLock lock(&mu_);
-  recent_.push_front({addr, std::move(data), checksum});
-  if (recent_.size() > keep_) recent_.pop_back();
+  recent_.push_front({addr, std::move(data), checksum, false, from_origin});
+  if (recent_.size() <= keep_) return;
+  // The oldest block from a peer leaves first, unless it is among the newest (what readers are
+  // reading now); otherwise the oldest of all.
+  const size_t newest = std::max<size_t>(1, keep_ / 4);
+  size_t position = recent_.size();
+  for (auto it = recent_.end(); --position >= newest;) {
+    --it;
+    if (!it->from_origin) {
+      recent_.erase(it);
+      return;
+    }
+  }
+  recent_.pop_back();
 }
 
 }  // namespace ember::cachefs
