@@ -53,6 +53,15 @@ say "first arrival"
 PORT=$((20000 + RANDOM % 20000))
 trap 'stop_all' EXIT
 
+# ---- RDMA: the transport's own cost per block on the fake device, beside TCP (rdma_bench) ----
+say "rdma transport"
+{
+  echo
+  echo "RDMA transport on the fake device vs TCP on loopback (\`rdma_bench FILE 3\`, best of 3):"
+  echo
+  "$BUILD/bin/rdma_bench" "${EMBER_BENCH_DIR:-/var/tmp/ember-bench}/first-arrival/data/f0.bin" 3 2>/dev/null
+} | tee -a "$OUT/results.md"
+
 # ---- scheduler: 500 nodes / 1000 pods and 10,000 / 10,000 through the real gRPC API ----
 say "scheduler"
 {

@@ -37,7 +37,7 @@ constexpr uint32_t kBlock = 4u << 20;
 class FileSource : public BlockSource {
  public:
   FileSource(int fd, uint64_t size) : fd_(fd), size_(size) {}
-  std::optional<Block> Get(const BlockAddr& a, bool /*memory_ok*/) override {
+  std::optional<Block> Get(const BlockAddr& a) override {
     uint64_t off = a.index * kBlock;
     if (off >= size_) return std::nullopt;
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(kBlock, size_ - off));

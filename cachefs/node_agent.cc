@@ -38,7 +38,7 @@ class CacheBlockSource final : public transport::BlockSource {
   explicit CacheBlockSource(BlockCache* cache) : cache_(cache) {}
   // Set once the read path exists (the server starts before it); it outlives the server.
   void SetReadPath(ReadPath* read_path) { read_path_ = read_path; }
-  std::optional<Block> Get(const BlockAddr& addr, bool memory_ok) override {
+  std::optional<Block> Get(const BlockAddr& addr) override {
     static metrics::Counter* const from_memory = metrics::Global().GetCounter(
         "ember_peer_blocks_served_total", "Blocks sent to peers, by where they were read from.",
         {{"from", "memory"}});
@@ -47,7 +47,7 @@ class CacheBlockSource final : public transport::BlockSource {
         {{"from", "cache_file"}});
     ReadPath* rp = read_path_;
     uint64_t checksum = 0;
-    if (memory_ok && rp != nullptr) {
+    if (rp != nullptr) {
       if (auto recent = rp->RecentBlock(addr, &checksum)) {
         Block b;
         b.data = recent->data();
@@ -143,6 +143,8 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   transport::TransportOptions to;
   to.token = options.token;
   to.io_timeout = options.peer_timeout;
+  to.rdma_traffic_class = options.rdma_traffic_class;
+  to.rdma_memory = options.rdma_memory;
   a->block_source_ = std::make_unique<CacheBlockSource>(a->cache_.get());
   auto server = transport::StartBlockServer(options.listen, a->block_source_.get(), to);
   if (!server.ok()) {

@@ -69,6 +69,8 @@ struct NodeOptions {
   int64_t scrub_rate = -1;
   std::chrono::milliseconds report_interval{200};
   transport::TransportMode transport = transport::TransportMode::kAuto;
+  uint8_t rdma_traffic_class = 0;     // RoCE GRH traffic class (--rdma-tclass)
+  uint64_t rdma_memory = 512u << 20;  // registered RDMA buffers per pool (--rdma-memory)
   std::string token;        // cluster token: sent to meta, and peers must prove it (--token-file)
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source

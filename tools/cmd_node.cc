@@ -39,6 +39,8 @@ struct NodeFlags {
   int readahead = 8;
   int recent_blocks = 48;
   std::string transport = "auto";
+  int rdma_tclass = 0;
+  std::string rdma_memory = "512MiB";
   std::string peer_timeout = "3s";
   std::string metrics_listen;
   std::string metrics_open = "/healthz";
@@ -73,6 +75,13 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--recent-blocks", f->recent_blocks,
                 "Blocks just filled kept in memory besides the readahead window (small reads "
                 "of them, and peers that want them next, are served from there)")
+      ->capture_default_str();
+  c->add_option("--rdma-tclass", f->rdma_tclass,
+                "RoCE traffic class of RDMA packets (DSCP << 2, e.g. 104 for DSCP 26; 0-255)")
+      ->capture_default_str();
+  c->add_option("--rdma-memory", f->rdma_memory,
+                "Registered (pinned) memory for RDMA buffers, per direction; needs "
+                "RLIMIT_MEMLOCK above twice this")
       ->capture_default_str();
   c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
       ->capture_default_str();
@@ -165,6 +174,12 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   auto mode = transport::ParseTransportMode(f.transport);
   if (!mode.ok()) Fail(mode.status());
   o.transport = *mode;
+  if (f.rdma_tclass < 0 || f.rdma_tclass > 255) Fail("--rdma-tclass must be 0-255");
+  o.rdma_traffic_class = static_cast<uint8_t>(f.rdma_tclass);
+  auto rdma_memory = ParseSize(f.rdma_memory);
+  if (!rdma_memory.ok()) Fail(rdma_memory.status());
+  if (*rdma_memory < (4u << 20)) Fail("--rdma-memory must be at least 4MiB (one block)");
+  o.rdma_memory = *rdma_memory;
   auto peer_timeout = ParseDuration(f.peer_timeout);
   if (!peer_timeout.ok()) Fail(peer_timeout.status());
   if (peer_timeout->count() < 10) Fail("--peer-timeout must be at least 10ms");

@@ -15,8 +15,9 @@
 //
 // Inside: wire.h (the protocol), socket_util.h (blocking sockets with timeouts), tcp_transport.cc
 // (the server for both transports, and the TCP client), select.cc (SelectTransport,
-// StartBlockServer), rdma/ (the RDMA unit, built only with cmake -DEMBER_RDMA=ON, the default; it
-// plugs into the server through qp_responder.h).
+// StartBlockServer), rdma/ (the RDMA unit, front door rdma/rdma.h: sessions, buffer pools and
+// recovery over a verbs seam; libibverbs only with cmake -DEMBER_RDMA=ON, the default; it plugs
+// into the server through qp_responder.h).
 //
 // Everything here is thread-safe.
 #pragma once
@@ -37,16 +38,16 @@ class BlockSource {
  public:
   struct Block {
     const char* data = nullptr;  // the block's bytes in memory, or null: read them from fd
-    int fd = -1;  // readable; the block's bytes are at [offset, offset+length)
+    int fd = -1;                 // readable; the block's bytes are at [offset, offset+length)
     uint64_t offset = 0;
     uint32_t length = 0;
     uint64_t checksum = 0;             // XXH3-64 of the whole block
     std::shared_ptr<const void> hold;  // keeps fd and bytes valid until released
   };
   virtual ~BlockSource() = default;
-  // nullopt when the block is not resident. `memory_ok`: the block may come as bytes in memory
-  // (data) rather than a file (RDMA sends only from files).
-  virtual std::optional<Block> Get(const BlockAddr& addr, bool memory_ok) = 0;
+  // nullopt when the block is not resident. The block may come as bytes in memory (data) or as a
+  // file range; both transports send either.
+  virtual std::optional<Block> Get(const BlockAddr& addr) = 0;
 };
 
 struct TransportOptions {
@@ -56,6 +57,8 @@ struct TransportOptions {
   size_t max_idle_per_peer = 32;               // pooled connections kept per peer
   size_t max_connections = 256;                // server side
   bool serve_rdma = true;                      // server side: accept RDMA queue pairs if able
+  uint8_t rdma_traffic_class = 0;              // RoCE: the GRH traffic class (DSCP << 2)
+  size_t rdma_memory = 512u << 20;             // registered buffers per pool (client, server)
 };
 
 struct FetchInfo {

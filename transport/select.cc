@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<BlockServer>> StartBlockServer(const std::string&
   std::unique_ptr<QpResponder> responder;
   if (options.serve_rdma) {
     std::string why;  // a node without RDMA serves TCP only; nothing to report
-    responder = NewRdmaResponderIfActive(&why);
+    responder = NewRdmaResponderIfActive(options, &why);
   }
   return StartTcpBlockServer(listen, source, options, std::move(responder));
 }

@@ -1,8 +1,7 @@
 #include "transport/socket_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
-
-#include <algorithm>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -147,9 +147,7 @@ absl::Status ReadLoop(int fd, void* buf, size_t n, bool quickack, BlockChecksumm
 
 }  // namespace
 
-absl::Status ReadFull(int fd, void* buf, size_t n) {
-  return ReadLoop(fd, buf, n, false, nullptr);
-}
+absl::Status ReadFull(int fd, void* buf, size_t n) { return ReadLoop(fd, buf, n, false, nullptr); }
 
 absl::Status ReadBulk(int fd, void* buf, size_t n, BlockChecksummer* sum) {
   return ReadLoop(fd, buf, n, true, sum);
@@ -197,6 +195,16 @@ bool WaitReadable(int fd, std::chrono::milliseconds timeout) {
     if (rc < 0 && errno == EINTR) continue;
     return rc > 0;
   }
+}
+
+std::string LocalAddress(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.sin_family != AF_INET) {
+    return "";
+  }
+  char text[INET_ADDRSTRLEN] = {};
+  return inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text)) ? text : "";
 }
 
 }  // namespace ember::transport

@@ -31,6 +31,8 @@ absl::Status ReadBulk(int fd, void* buf, size_t n, BlockChecksummer* sum = nullp
 absl::Status WriteFull(int fd, const void* buf, size_t n);
 // Sends n bytes of file `in_fd` from `offset` with sendfile (no user-space copy).
 absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n);
+// The socket's local IPv4 address, dotted ("" if it has none).
+std::string LocalAddress(int fd);
 // Waits until fd is readable; false on timeout.
 bool WaitReadable(int fd, std::chrono::milliseconds timeout);
 

@@ -28,25 +28,6 @@ namespace {
 
 constexpr auto kIdleTimeout = std::chrono::minutes(5);
 
-absl::Status FromWire(WireStatus s, const std::string& peer) {
-  std::string msg = absl::StrCat("peer ", peer, ": ", WireStatusName(s));
-  switch (s) {
-    case WireStatus::kOk:
-      return absl::OkStatus();
-    case WireStatus::kNotFound:
-      return absl::NotFoundError(msg);
-    case WireStatus::kUnauthorized:
-      return absl::PermissionDeniedError(msg + " (cluster token refused)");
-    case WireStatus::kBadRequest:
-      return absl::InvalidArgumentError(msg);
-    case WireStatus::kBusy:
-    case WireStatus::kInternal:
-    case WireStatus::kUnsupported:
-      return absl::UnavailableError(msg);
-  }
-  return absl::UnavailableError(msg);
-}
-
 // Thread-safety: mu_ guards the connection set, the threads and the counters; no I/O happens
 // under it (a connection thread takes it only to count, and once to leave).
 class TcpServer final : public BlockServer {
@@ -155,6 +136,7 @@ class TcpServer final : public BlockServer {
     SetIoTimeout(fd, options_.io_timeout);
     Hello hello;
     hello.nonce = RandomNonce();
+    if (responder_) hello.flags |= kHelloRdma;
     std::string hf = EncodeHello(hello);
     if (!WriteFull(fd, hf.data(), hf.size()).ok()) return;
     std::string buf(kAuthSize, '\0');
@@ -221,7 +203,7 @@ class TcpServer final : public BlockServer {
     absl::Status st = absl::UnavailableError("no RDMA device on this node");
     if (responder_) {
       QpInfo mine;
-      auto w = responder_->Accept(*remote, &mine);
+      auto w = responder_->Accept(*remote, LocalAddress(fd), &mine);
       st = w.status();
       if (st.ok()) {
         *writer = std::move(*w);
@@ -242,7 +224,7 @@ class TcpServer final : public BlockServer {
     resp.request_id = q.request_id;
     Count(&Stats::requests);
     bool via_rdma = q.rkey != 0;
-    auto block = source_->Get(q.addr, /*memory_ok=*/!via_rdma);
+    auto block = source_->Get(q.addr);
     if (!block) {
       Count(&Stats::not_found);
       resp.status = WireStatus::kNotFound;
@@ -256,12 +238,17 @@ class TcpServer final : public BlockServer {
       resp.length = q.length;
     }
     if (resp.status == WireStatus::kOk && via_rdma) {
-      // Put the bytes into the client's memory first, then answer over TCP.
-      absl::Status st = writer->Write(block->fd, block->offset + q.offset, q.length, q.remote_addr,
-                                      q.rkey, options_.io_timeout);
+      // Put the bytes into the client's memory first, then answer over TCP. A failed write took
+      // the queue pair with it: say so, and end the connection (the client builds a new one).
+      absl::Status st =
+          writer->Write(*block, q.offset, q.length, q.remote_addr, q.rkey, options_.io_timeout);
       if (!st.ok()) {
+        spdlog::warn("peer server: RDMA write failed: {}", std::string(st.message()));
         resp.status = WireStatus::kInternal;
         resp.length = 0;
+        std::string f = EncodeResponse(resp);
+        (void)WriteFull(fd, f.data(), f.size());  // best effort: the connection ends here
+        return false;
       }
     }
     std::string f = EncodeResponse(resp);

@@ -26,7 +26,7 @@ class FileSource : public BlockSource {
   void Add(const BlockAddr& a, uint64_t offset, uint32_t length, uint64_t checksum) {
     blocks_[a] = {nullptr, fd_, offset, length, checksum, nullptr};
   }
-  std::optional<Block> Get(const BlockAddr& a, bool /*memory_ok*/) override {
+  std::optional<Block> Get(const BlockAddr& a) override {
     auto it = blocks_.find(a);
     if (it == blocks_.end()) return std::nullopt;
     return it->second;
@@ -124,22 +124,20 @@ TEST_F(TcpTransportTest, FetchesWholeAndPartialBlocks) {
       << server_->GetStats().bytes;
 }
 
-// A source may hand over a block in memory (a block just filled): TCP sends it from there, and
-// asks for memory only where it can take it. What arrives is hashed as received, so bytes that
-// do not match the block's checksum show in received_checksum for the caller to refuse.
+// A source may hand over a block in memory (a block just filled): TCP sends it from there. What
+// arrives is hashed as received, so bytes that do not match the block's checksum show in
+// received_checksum for the caller to refuse.
 TEST_F(TcpTransportTest, BlocksInMemoryAreSentFromMemory) {
   class MemorySource : public BlockSource {
    public:
     explicit MemorySource(std::string bytes) : bytes_(std::move(bytes)) {}
-    std::optional<Block> Get(const BlockAddr&, bool memory_ok) override {
-      asked_for_memory = memory_ok;
+    std::optional<Block> Get(const BlockAddr&) override {
       Block b;
       b.data = bytes_.data();
       b.length = static_cast<uint32_t>(bytes_.size());
       b.checksum = 42;  // what the holder claims; not the bytes' checksum
       return b;
     }
-    bool asked_for_memory = false;
 
    private:
     std::string bytes_;
@@ -155,7 +153,6 @@ TEST_F(TcpTransportTest, BlocksInMemoryAreSentFromMemory) {
                   ->Fetch(absl::StrCat("127.0.0.1:", (*server)->port()), {1, 1, 9, 0}, 0, 1 << 20,
                           buf.data(), &info)
                   .ok());
-  EXPECT_TRUE(source.asked_for_memory);
   EXPECT_TRUE(buf == bytes);
   EXPECT_EQ(info.block_checksum, 42u);
   EXPECT_EQ(*info.received_checksum, BlockChecksum(bytes.data(), bytes.size()));
@@ -272,10 +269,12 @@ TEST_F(TcpTransportTest, ConcurrentClientsAndStop) {
 // block straight to remote_addr. Exercises the server's side of the seam (qp_responder.h).
 class LoopbackWriter : public BlockWriter {
  public:
-  absl::Status Write(int fd, uint64_t offset, uint32_t length, uint64_t remote_addr, uint32_t rkey,
+  absl::Status Write(const BlockSource::Block& block, uint64_t offset, uint32_t length,
+                     uint64_t remote_addr, uint32_t rkey,
                      std::chrono::milliseconds timeout) override {
     if (rkey != 77) return absl::UnavailableError("wrong rkey");
-    ssize_t n = pread(fd, reinterpret_cast<char*>(remote_addr), length, offset);
+    ssize_t n = pread(block.fd, reinterpret_cast<char*>(remote_addr), length,
+                      static_cast<off_t>(block.offset + offset));
     return n == static_cast<ssize_t>(length) ? absl::OkStatus() : absl::DataLossError("short");
   }
 };
@@ -283,6 +282,7 @@ class LoopbackWriter : public BlockWriter {
 class LoopbackResponder : public QpResponder {
  public:
   absl::StatusOr<std::unique_ptr<BlockWriter>> Accept(const QpInfo& remote,
+                                                      const std::string& local_ip,
                                                       QpInfo* local) override {
     accepted_qp = remote.qp_num;
     local->qp_num = remote.qp_num + 1;
@@ -334,7 +334,8 @@ TEST_F(TcpTransportTest, QueuePairsGoThroughTheResponderGivenAtStart) {
   EXPECT_EQ(r->length, 2u << 20);
   EXPECT_EQ(r->block_checksum, BlockChecksum(data_.data() + (1 << 20), 2 << 20));
   EXPECT_TRUE(buf == data_.substr(1 << 20, 2 << 20));
-  // A failed write is an internal error with no payload; the connection goes on.
+  // A failed write is an internal error with no payload, and the connection ends (the queue pair
+  // went down with the write; the client builds a new one).
   q.request_id = 2;
   q.rkey = 78;
   f = EncodeRequest(q);
@@ -342,6 +343,8 @@ TEST_F(TcpTransportTest, QueuePairsGoThroughTheResponderGivenAtStart) {
   ASSERT_TRUE(ReadFull(fd, resp.data(), resp.size()).ok());
   EXPECT_EQ(DecodeResponse(resp)->status, WireStatus::kInternal);
   EXPECT_EQ(DecodeResponse(resp)->length, 0u);
+  char c;
+  EXPECT_LE(recv(fd, &c, 1, 0), 0);
   close(fd);
   EXPECT_EQ((*server)->GetStats().bytes, 2u << 20);
 }

@@ -242,6 +242,7 @@ std::string EncodeQpInfo(const QpInfo& q) {
   w.U64(q.addr);
   w.U32(q.rkey);
   w.U32(q.mtu);
+  w.U32(q.link);
   return w.Take();
 }
 
@@ -256,10 +257,11 @@ std::optional<QpInfo> DecodeQpInfo(std::string_view f) {
   q.addr = r.U64();
   q.rkey = r.U32();
   q.mtu = r.U32();
+  q.link = r.U32();
   // PSNs and QP numbers are 24-bit: anything above is a malformed frame, not something to mask
   // (found by fuzz_wire; the input is kept in tests/fuzz/corpus/wire).
   if (!r.ok() || q.qp_num == 0 || q.qp_num > 0xffffff || q.psn > 0xffffff || q.mtu < 1 ||
-      q.mtu > 5) {
+      q.mtu > 5 || q.link > 2) {
     return std::nullopt;
   }
   return q;
@@ -285,12 +287,14 @@ std::array<uint8_t, 32> RandomNonce() {
   return n;
 }
 
-absl::Status ClientHandshake(int fd, const std::string& peer, std::string_view token) {
+absl::Status ClientHandshake(int fd, const std::string& peer, std::string_view token,
+                             uint32_t* hello_flags) {
   std::string hf(kHelloSize, '\0');
   absl::Status s = ReadFull(fd, hf.data(), hf.size());
   if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
   auto hello = DecodeHello(hf);
   if (!hello) return absl::DataLossError(absl::StrCat("peer ", peer, ": bad hello"));
+  if (hello_flags != nullptr) *hello_flags = hello->flags;
   Auth auth;
   auth.mac = TokenMac(token, hello->nonce);
   std::string af = EncodeAuth(auth);
@@ -308,6 +312,25 @@ absl::Status ClientHandshake(int fd, const std::string& peer, std::string_view t
     return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", WireStatusName(reply->status)));
   }
   return absl::OkStatus();
+}
+
+absl::Status FromWire(WireStatus s, const std::string& peer) {
+  std::string msg = absl::StrCat("peer ", peer, ": ", WireStatusName(s));
+  switch (s) {
+    case WireStatus::kOk:
+      return absl::OkStatus();
+    case WireStatus::kNotFound:
+      return absl::NotFoundError(msg);
+    case WireStatus::kUnauthorized:
+      return absl::PermissionDeniedError(msg + " (cluster token refused)");
+    case WireStatus::kBadRequest:
+      return absl::InvalidArgumentError(msg);
+    case WireStatus::kBusy:
+    case WireStatus::kInternal:
+    case WireStatus::kUnsupported:
+      return absl::UnavailableError(msg);
+  }
+  return absl::UnavailableError(msg);
 }
 
 }  // namespace ember::transport

@@ -47,10 +47,14 @@ enum class WireStatus : uint32_t {
   kUnsupported = 6,  // e.g. RDMA asked of a server without a device
 };
 const char* WireStatusName(WireStatus s);
+// A Response's status as the client reports it: NotFound, PermissionDenied, InvalidArgument,
+// Unavailable (busy, internal, unsupported); Ok for kOk. The message names the peer.
+absl::Status FromWire(WireStatus s, const std::string& peer);
 
+inline constexpr uint32_t kHelloRdma = 1;  // Hello.flags: the server answers RDMA queue pairs
 struct Hello {
   std::array<uint8_t, 32> nonce{};
-  uint32_t flags = 0;  // bit 0: RDMA available on the server
+  uint32_t flags = 0;  // kHelloRdma
 };
 inline constexpr size_t kHelloSize = 4 + 2 + 2 + 4 + 32;
 
@@ -110,9 +114,10 @@ struct QpInfo {
   uint32_t psn = 0;
   uint64_t addr = 0;  // the sender's registered buffer
   uint32_t rkey = 0;
-  uint32_t mtu = 0;  // enum ibv_mtu
+  uint32_t mtu = 0;   // enum ibv_mtu
+  uint32_t link = 0;  // the sender's link layer (transport/rdma/verbs.h LinkLayer: 1 IB, 2 RoCE)
 };
-inline constexpr size_t kQpInfoSize = 8 + 4 + 2 + 16 + 4 + 8 + 4 + 4;
+inline constexpr size_t kQpInfoSize = 8 + 4 + 2 + 16 + 4 + 8 + 4 + 4 + 4;
 std::string EncodeQpInfo(const QpInfo& q);
 std::optional<QpInfo> DecodeQpInfo(std::string_view frame);
 
@@ -123,7 +128,9 @@ bool MacEqual(const std::array<uint8_t, 32>& a, const std::array<uint8_t, 32>& b
 std::array<uint8_t, 32> RandomNonce();
 
 // The client side of the challenge on a connected socket: reads Hello, answers Auth, reads
-// AuthReply. Returns: Ok; PermissionDenied (token refused); Unavailable; DataLoss (bad frame).
-absl::Status ClientHandshake(int fd, const std::string& peer, std::string_view token);
+// AuthReply; `hello_flags` (if given) gets the server's Hello flags.
+// Returns: Ok; PermissionDenied (token refused); Unavailable; DataLoss (bad frame).
+absl::Status ClientHandshake(int fd, const std::string& peer, std::string_view token,
+                             uint32_t* hello_flags = nullptr);
 
 }  // namespace ember::transport

@@ -93,6 +93,11 @@ TEST(WireTest, OtherFramesRoundTrip) {
   EXPECT_EQ(qd->qp_num, 1234u);
   EXPECT_EQ(qd->gid[15], 9);
   EXPECT_EQ(qd->psn, 0x123456u);
+  q.link = 2;
+  EXPECT_EQ(DecodeQpInfo(EncodeQpInfo(q))->link, 2u);
+  q.link = 3;  // no such link layer
+  EXPECT_FALSE(DecodeQpInfo(EncodeQpInfo(q)));
+  q.link = 1;
   q.mtu = 9;
   EXPECT_FALSE(DecodeQpInfo(EncodeQpInfo(q)));
 }

@@ -14,13 +14,12 @@
 #include <string>
 #include <string_view>
 
+#include "common/file_io.h"
 #include "common/ids.h"
 
 namespace ember::cachefs {
 
-// Reads exactly len bytes at offset (retrying short reads and EINTR). Returns: false on an error
-// or EOF.
-bool PreadFull(int fd, uint64_t offset, size_t len, char* buf);
+// PreadFull (reads exactly len bytes at offset) is in common/file_io.h.
 // The same, only from the page cache (preadv2 RWF_NOWAIT). Returns: false when any byte would
 // have to come from the disk (or on an error).
 bool PreadCached(int fd, uint64_t offset, size_t len, char* buf);

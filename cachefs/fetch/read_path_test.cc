@@ -313,7 +313,8 @@ TEST(RecentBlocksTest, BlocksFromTheOriginOutliveBlocksFromPeers) {
   EXPECT_EQ(recent.Peek(block(1), &sum), nullptr);
   ASSERT_NE(recent.Peek(block(0), &sum), nullptr);
   EXPECT_EQ(sum, 10u);
-  // The newest block stays (readers are reading it) though it is from a peer: the oldest, 0, leaves.
+  // The newest block stays (readers are reading it) though it is from a peer: the oldest, 0,
+  // leaves.
   recent.Put(block(4), buf, 14, /*from_origin=*/false);
   EXPECT_EQ(recent.Peek(block(0), &sum), nullptr);
   EXPECT_NE(recent.Peek(block(2), &sum), nullptr);
