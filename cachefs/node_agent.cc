@@ -181,9 +181,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->cache_->SetQuarantineListener(
       [r = a->repairer_.get()](const BlockAddr& addr) { r->Enqueue(addr); });
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get());
-  a->prefetch_ =
-      std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
-                                       a->read_path_.get(), a->cache_.get(), a->meta_.get());
+  a->prefetch_ = std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
+                                                  a->read_path_.get(), a->cache_.get(),
+                                                  a->meta_.get(), options.prefetch_owner_grace);
   if (options.fuse_binding == "libfuse") {
     auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
     if (!mount.ok()) return mount.status();

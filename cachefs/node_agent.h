@@ -73,6 +73,7 @@ struct NodeOptions {
   uint64_t rdma_memory = 512u << 20;  // registered RDMA buffers per pool (--rdma-memory)
   std::string token;        // cluster token: sent to meta, and peers must prove it (--token-file)
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
+  std::chrono::milliseconds prefetch_owner_grace{15000};  // see PrefetchRunner
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
   std::string metrics_listen;  // HOST:PORT for HTTP /metrics (Prometheus) and /healthz; "" = off
   // With a token, HTTP paths served without it (common/http_server.h).

@@ -54,8 +54,14 @@ void RateLimiter::Acquire(uint64_t bytes) {
 }
 
 PrefetchRunner::PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path,
-                               BlockCache* cache, meta::MetaClient* meta)
-    : node_id_(node_id), ns_(ns), read_path_(read_path), cache_(cache), meta_(meta) {
+                               BlockCache* cache, meta::MetaClient* meta,
+                               std::chrono::milliseconds owner_grace)
+    : node_id_(node_id),
+      owner_grace_(owner_grace),
+      ns_(ns),
+      read_path_(read_path),
+      cache_(cache),
+      meta_(meta) {
   watcher_ = std::thread([this] { Watch(); });
 }
 
@@ -313,8 +319,11 @@ void PrefetchRunner::Run(Running* r) {
     }
   });
   // This thread moves waiting blocks on: the first kLocateBatch of them located in one call,
-  // those a peer now holds to `located`; those whose owner has not delivered within kOwnerGrace
-  // (it died) are read from the origin here. Polls fast while blocks arrive, slower when not.
+  // those a peer now holds to `located`. An owner is alive while its blocks keep arriving: only
+  // when one has delivered nothing for owner_grace_ (it died) are its blocks read from the origin
+  // here (measured from the job's start, a long prefetch read every block still waiting a
+  // second time). Polls fast while blocks arrive, slower when not.
+  std::vector<std::chrono::steady_clock::time_point> owner_seen(n, start);
   auto poll = kPollMin;
   while (true) {
     std::vector<BlockAddr> addrs;
@@ -333,11 +342,15 @@ void PrefetchRunner::Run(Running* r) {
       // Workers only append to `waiting`: its first addrs.size() items are the ones located.
       std::deque<Item> kept;
       for (size_t i = 0; i < addrs.size(); i++) {
+        if (held.ok() && (*held)[i]) owner_seen[waiting[i].block.ordinal % n] = now;
+      }
+      for (size_t i = 0; i < addrs.size(); i++) {
         Item& item = waiting[i];
+        const auto seen = std::max(item.waiting_since, owner_seen[item.block.ordinal % n]);
         if (held.ok() && (*held)[i]) {
           located.push_back(item);
           moved = true;
-        } else if (now - item.waiting_since > kOwnerGrace) {
+        } else if (now - seen > owner_grace_) {
           item.route = FillRoute::kPeersThenOrigin;
           own.push_back(item);
           moved = true;

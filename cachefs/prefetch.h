@@ -48,9 +48,12 @@ class RateLimiter {
 
 class PrefetchRunner {
  public:
-  // Starts the watch of meta's jobs.
+  // Starts the watch of meta's jobs. `owner_grace`: how long a node waits for the owner of a
+  // block to deliver anything (it is alive while blocks keep coming) before reading the origin
+  // itself.
   PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path, BlockCache* cache,
-                 meta::MetaClient* meta);
+                 meta::MetaClient* meta,
+                 std::chrono::milliseconds owner_grace = kDefaultOwnerGrace);
   // Ends the watch (cancelling meta's watches: the client must not watch for others) and the
   // jobs.
   ~PrefetchRunner();
@@ -58,8 +61,7 @@ class PrefetchRunner {
   // The jobs meta listed for this node: starts new ones, stops cancelled ones, releases pins.
   void Update(const std::vector<rpc::PrefetchJob>& jobs) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // How long a node waits for a block's owner before reading the origin itself.
-  static constexpr auto kOwnerGrace = std::chrono::seconds(15);
+  static constexpr std::chrono::milliseconds kDefaultOwnerGrace{15000};
 
  private:
   struct Running {
@@ -85,6 +87,7 @@ class PrefetchRunner {
   void ApplyPin(const rpc::PrefetchJob& job, int64_t until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string node_id_;
+  const std::chrono::milliseconds owner_grace_;
   Namespace* ns_;
   ReadPath* read_path_;
   BlockCache* cache_;

@@ -42,6 +42,7 @@ struct NodeFlags {
   int rdma_tclass = 0;
   std::string rdma_memory = "512MiB";
   std::string peer_timeout = "3s";
+  std::string prefetch_owner_grace = "15s";
   std::string metrics_listen;
   std::string metrics_open = "/healthz";
   std::string fuse_binding = "kernel";
@@ -90,6 +91,10 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--metrics-open", f->metrics_open,
                 "With a cluster token, HTTP paths served without it (comma-separated), e.g. "
                 "/healthz,/metrics for a Prometheus without the token")
+      ->capture_default_str();
+  c->add_option("--prefetch-owner-grace", f->prefetch_owner_grace,
+                "A prefetch reads the origin for a block itself when the node that should fetch "
+                "it has delivered nothing for this long (it died)")
       ->capture_default_str();
   c->add_option("--peer-timeout", f->peer_timeout,
                 "A peer silent this long is skipped (and avoided for 10 s)")
@@ -184,6 +189,9 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   if (!peer_timeout.ok()) Fail(peer_timeout.status());
   if (peer_timeout->count() < 10) Fail("--peer-timeout must be at least 10ms");
   o.peer_timeout = *peer_timeout;
+  auto grace = ParseDuration(f.prefetch_owner_grace);
+  if (!grace.ok()) Fail(grace.status());
+  o.prefetch_owner_grace = *grace;
   if (!f.metrics_listen.empty()) {
     if (auto s = ValidateHostPort("--metrics-listen", f.metrics_listen); !s.ok()) Fail(s);
   }

@@ -255,6 +255,20 @@ TEST_F(RdmaTransportTest, APeerWithoutRdmaIsFetchedOverTcpWithoutSetup) {
   EXPECT_EQ(fabric->stats().writes, 1u);
 }
 
+// Defect 12: a refused token stays PermissionDenied (no TCP fallback that would hide it).
+TEST_F(RdmaTransportTest, AWrongTokenIsPermissionDeniedNotAFallback) {
+  auto fabric = FakeFabric::Create();
+  auto [server, client] = RocePair(*fabric);
+  TransportOptions wrong = options_;
+  wrong.token = "not-the-token";
+  auto intruder = NewRdmaTransport(client_hub_, wrong);
+  std::string buf(kBlock, '\0');
+  absl::Status s = intruder->Fetch(server.peer, {1, 1, 5, 0}, 0, kBlock, buf.data(), nullptr);
+  EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  EXPECT_EQ(GetRdmaHubStats(*client_hub_).tcp_fallbacks, 0u);
+  EXPECT_EQ(fabric->stats().qps_created, 0u);
+}
+
 // Defects 2 and 10: mismatched link layers are refused by the server, and the client falls back
 // to TCP for that peer after one attempt.
 TEST_F(RdmaTransportTest, MismatchedLinkLayersAreRefusedAndFallBackToTcpOnce) {
