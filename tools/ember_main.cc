@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/synchronization/mutex.h"
 #include "tools/cli.h"
 
 namespace {
@@ -25,6 +26,10 @@ void OnFatalSignal(int sig) {
 
 int main(int argc, char** argv) {
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, OnFatalSignal);
+  // Debian's abseil is built with its debug checks, which record every Mutex acquisition in a
+  // global lock-order graph (a global lock per Lock). Lock order is checked at build time here
+  // (`make tsa`) and the test binaries keep the runtime check; the agent does without it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{"Ember: a distributed data cache for training clusters"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ember 0.1.0");

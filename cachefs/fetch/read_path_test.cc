@@ -304,7 +304,7 @@ TEST(ReadStreamTest, TheWindowGrowsWithASequentialReaderAndStartsAgainAfterAJump
 TEST(RecentBlocksTest, BlocksFromTheOriginOutliveBlocksFromPeers) {
   RecentBlocks recent(3);
   auto block = [](uint64_t i) { return BlockAddr{1, 1, 7, i}; };
-  auto buf = std::make_shared<const BlockBuffer>(4096);
+  auto buf = std::make_shared<const BlockBuffer>(RecentBlocks::kUnitBytes);
   uint64_t sum = 0;
   recent.Put(block(0), buf, 10, /*from_origin=*/true);
   recent.Put(block(1), buf, 11, /*from_origin=*/false);
@@ -324,6 +324,32 @@ TEST(RecentBlocksTest, BlocksFromTheOriginOutliveBlocksFromPeers) {
   EXPECT_NE(recent.Peek(block(2), &sum), nullptr);
   EXPECT_NE(recent.Peek(block(3), &sum), nullptr);
   EXPECT_NE(recent.Peek(block(5), &sum), nullptr);
+}
+
+// The bound is memory: room for 2 blocks of 4 MiB holds 128 small blocks (a small-file dataset's
+// blocks stay for the peers that want them next), and one big block makes room by dropping the
+// oldest small ones.
+TEST(RecentBlocksTest, SmallBlocksAreKeptByMemoryNotByCount) {
+  RecentBlocks recent(2);
+  auto block = [](uint64_t i) { return BlockAddr{1, 1, 7, i}; };
+  auto small = std::make_shared<const BlockBuffer>(RecentBlocks::kMinCost);
+  uint64_t sum = 0;
+  for (uint64_t i = 0; i < 128; i++) recent.Put(block(i), small, i, /*from_origin=*/true);
+  EXPECT_NE(recent.Peek(block(0), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(127), &sum), nullptr);
+  EXPECT_EQ(sum, 127u);
+  recent.Put(block(128), small, 128, true);  // over: the oldest goes
+  EXPECT_EQ(recent.Peek(block(0), &sum), nullptr);
+  EXPECT_NE(recent.Get(block(1)), nullptr);  // now the newest
+  auto big = std::make_shared<const BlockBuffer>(RecentBlocks::kUnitBytes);
+  recent.Put(block(1000), big, 1000, true);  // 4 MiB: 64 small ones leave, oldest first
+  EXPECT_EQ(recent.Peek(block(2), &sum), nullptr);
+  EXPECT_EQ(recent.Peek(block(65), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(66), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(1), &sum), nullptr);  // read last, kept
+  EXPECT_NE(recent.Peek(block(1000), &sum), nullptr);
+  recent.Erase(block(1000));
+  EXPECT_EQ(recent.Peek(block(1000), &sum), nullptr);
 }
 
 TEST_F(ReadPathTest, HoldFileNeedsEveryBlockResident) {

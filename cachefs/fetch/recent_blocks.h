@@ -5,6 +5,8 @@
 // prefetch want next, and its cache file was written around the page cache). Blocks this node
 // fetched from the origin outlive those it got from peers: in a prefetch they are what the other
 // nodes still want, and this node may be their only holder (a peer's block has another copy).
+// The bound is in memory, not blocks: `keep` blocks of 4 MiB, so a dataset of small files keeps
+// as many of its small blocks as fit (each counted as at least 64 KiB), found through an index.
 //
 // Thread-safe.
 #pragma once
@@ -14,6 +16,8 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/synchronization/mutex.h"
 #include "cachefs/cache/block_buffer.h"
 #include "common/ids.h"
@@ -22,11 +26,13 @@ namespace ember::cachefs {
 
 class RecentBlocks {
  public:
-  // Keeps the last `keep` blocks put (0: none), of which at most `keep_unstored` that the cache
-  // did not store: those are filled again once they leave, and then offered to the cache again
-  // (a disk that was full may have room).
+  static constexpr size_t kUnitBytes = 4u << 20;  // `keep` counts blocks of this size
+  static constexpr size_t kMinCost = 64u << 10;   // what the smallest block counts as
+  // Keeps the last blocks put, `keep` x 4 MiB of them (0: none), of which at most
+  // `keep_unstored` that the cache did not store: those are filled again once they leave, and
+  // then offered to the cache again (a disk that was full may have room).
   explicit RecentBlocks(size_t keep, size_t keep_unstored = 6)
-      : keep_(keep), keep_unstored_(keep_unstored) {}
+      : budget_(keep * kUnitBytes), keep_unstored_(keep_unstored) {}
 
   // Returns: the block's bytes (and makes it the newest), or nullptr.
   std::shared_ptr<const BlockBuffer> Get(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -48,11 +54,25 @@ class RecentBlocks {
     uint64_t checksum = 0;
     bool unstored = false;
     bool from_origin = false;
+    size_t cost = 0;
   };
-  const size_t keep_;
+  struct AddrHash {
+    size_t operator()(const BlockAddr& a) const {
+      return absl::HashOf(a.dataset_id, a.version, a.file_id, a.index);
+    }
+  };
+  using List = std::list<Recent>;
+  void EraseAt(List::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The block to drop when over budget: the oldest from a peer outside the newest quarter of the
+  // budget (what readers are reading now), else the oldest.
+  List::iterator Victim() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t budget_;  // bytes
   const size_t keep_unstored_;
   absl::Mutex mu_;
-  std::list<Recent> recent_ ABSL_GUARDED_BY(mu_);  // front = newest
+  List recent_ ABSL_GUARDED_BY(mu_);  // front = newest
+  absl::flat_hash_map<BlockAddr, List::iterator, AddrHash> index_ ABSL_GUARDED_BY(mu_);
+  size_t cost_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ember::cachefs
