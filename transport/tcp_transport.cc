@@ -242,7 +242,10 @@ class TcpServer final : public BlockServer {
       // the queue pair with it: say so, and end the connection (the client builds a new one).
       absl::Status st =
           writer->Write(*block, q.offset, q.length, q.remote_addr, q.rkey, options_.io_timeout);
-      if (!st.ok()) {
+      if (absl::IsResourceExhausted(st)) {  // no buffer free: say busy, keep the connection
+        resp.status = WireStatus::kBusy;
+        resp.length = 0;
+      } else if (!st.ok()) {
         spdlog::warn("peer server: RDMA write failed: {}", std::string(st.message()));
         resp.status = WireStatus::kInternal;
         resp.length = 0;
@@ -298,7 +301,8 @@ class TcpTransport final : public BlockTransport {
     if (length > kMaxLength) return absl::InvalidArgumentError("length over the limit");
     for (int attempt = 0; attempt < 2; attempt++) {
       bool pooled = false;
-      auto fd = Get(peer, &pooled);
+      // The retry always connects afresh: the other idle connections may be as dead.
+      auto fd = Get(peer, &pooled, /*fresh=*/attempt == 1);
       if (!fd.ok()) return fd.status();
       absl::Status s = FetchOn(*fd, peer, addr, offset, length, buf, info);
       if (s.ok() || absl::IsNotFound(s) || absl::IsInvalidArgument(s)) {
@@ -313,8 +317,9 @@ class TcpTransport final : public BlockTransport {
   }
 
  private:
-  absl::StatusOr<int> Get(const std::string& peer, bool* pooled) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
+  absl::StatusOr<int> Get(const std::string& peer, bool* pooled, bool fresh)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!fresh) {
       absl::MutexLock lock(&mu_);
       auto& v = idle_[peer];
       if (!v.empty()) {

@@ -241,8 +241,7 @@ std::string EncodeQpInfo(const QpInfo& q) {
   w.U32(q.psn);
   w.U64(q.addr);
   w.U32(q.rkey);
-  w.U32(q.mtu);
-  w.U32(q.link);
+  w.U32((q.mtu & 0xff) | ((q.link & 0xff) << 8));
   return w.Take();
 }
 
@@ -256,12 +255,13 @@ std::optional<QpInfo> DecodeQpInfo(std::string_view f) {
   q.psn = r.U32();
   q.addr = r.U64();
   q.rkey = r.U32();
-  q.mtu = r.U32();
-  q.link = r.U32();
+  const uint32_t mtu_link = r.U32();
+  q.mtu = mtu_link & 0xff;
+  q.link = (mtu_link >> 8) & 0xff;
   // PSNs and QP numbers are 24-bit: anything above is a malformed frame, not something to mask
   // (found by fuzz_wire; the input is kept in tests/fuzz/corpus/wire).
   if (!r.ok() || q.qp_num == 0 || q.qp_num > 0xffffff || q.psn > 0xffffff || q.mtu < 1 ||
-      q.mtu > 5 || q.link > 2) {
+      q.mtu > 5 || q.link > 2 || (mtu_link >> 16) != 0) {
     return std::nullopt;
   }
   return q;

@@ -117,7 +117,9 @@ struct QpInfo {
   uint32_t mtu = 0;   // enum ibv_mtu
   uint32_t link = 0;  // the sender's link layer (transport/rdma/verbs.h LinkLayer: 1 IB, 2 RoCE)
 };
-inline constexpr size_t kQpInfoSize = 8 + 4 + 2 + 16 + 4 + 8 + 4 + 4 + 4;
+// mtu and link share one 32-bit word on the wire (mtu in bits 0-7, link in 8-15), so the frame
+// keeps the size older agents send and expect: a mixed cluster falls back to TCP, never waits.
+inline constexpr size_t kQpInfoSize = 8 + 4 + 2 + 16 + 4 + 8 + 4 + 4;
 std::string EncodeQpInfo(const QpInfo& q);
 std::optional<QpInfo> DecodeQpInfo(std::string_view frame);
 

@@ -152,8 +152,11 @@ struct FakeQp final : public QueuePair {
   absl::Status PostWrite(uint64_t wr_id, MemoryRegion& mr, size_t offset, size_t len,
                          uint64_t remote_addr, uint32_t rkey) override {
     std::lock_guard<std::mutex> lock(st->mu);
-    // ibv_post_send returns the error (EINVAL: the QP cannot send now; ENOMEM: queue full).
-    if (state != QpState::kRts) return absl::UnavailableError("ibv_post_send: Invalid argument");
+    // ibv_post_send returns the error (EINVAL: the QP cannot send yet; ENOMEM: queue full). A QP
+    // the hardware moved to ERR still takes WRs; they complete as flushed.
+    if (state != QpState::kRts && state != QpState::kError) {
+      return absl::UnavailableError("ibv_post_send: Invalid argument");
+    }
     if (static_cast<int>(sq.size()) >= max_wr) {
       return absl::UnavailableError("ibv_post_send: Cannot allocate memory");
     }

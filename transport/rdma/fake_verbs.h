@@ -3,8 +3,9 @@
 // handshake over real TCP, fallback, recovery) runs in one process without a NIC.
 //
 // It keeps the verbs semantics the transport depends on:
-// - the QP state machine: RESET -> INIT -> RTR -> RTS, any -> ERR; a WRITE posted on a QP not
-//   in RTS fails at post time; a WRITE reaches a peer QP only in RTR or RTS, connected back;
+// - the QP state machine: RESET -> INIT -> RTR -> RTS, any -> ERR; a WRITE posted before RTS
+//   fails at post time, one posted in ERR completes as flushed; a WRITE reaches a peer QP only
+//   in RTR or RTS, connected back;
 // - completions in posting order, with the wr_id posted; an error completion moves the QP to ERR
 //   and every later WR completes as flushed; ToError flushes what is outstanding;
 // - addressing: RoCE routes by the GRH (the sender's sgid_index must name a GID of its table,
@@ -15,7 +16,10 @@
 // - DMA: a WRITE reads its source when it executes (at its due time, posting time plus the
 //   host's latency), so a source buffer changed while the WRITE is outstanding is caught
 //   (FakeFabric::stats().source_changed_in_flight) and the changed bytes are what arrive.
-// Faults: delay or lose the next completion, fail the next WRITE, flap every QP to ERR.
+// Faults: delay or lose the next completion, fail the next WRITE, move every QP to ERR ("flap":
+// harsher than a real link flap, after which QPs in RTS retry and may survive).
+// Not modelled: PSNs, path MTU, the retry time before "retry exceeded" (real NICs take 0.5 s or
+// more; the fake answers at once), the completion channel's events (a condition variable here).
 //
 // Thread-safe: one mutex per fabric.
 #pragma once

@@ -28,7 +28,9 @@ std::optional<Completion> AwaitCompletion(QueuePair& qp, uint64_t wr_id,
   while (true) {
     Completion c;
     auto n = qp.Poll(&c);
-    if (!n.ok()) return Completion{wr_id, false, false, std::string(n.status().message())};
+    // The CQ cannot be read: as good as a timeout (the caller stops the QP and drains it, and
+    // never reuses a buffer a WRITE may still read).
+    if (!n.ok()) return std::nullopt;
     if (*n == 1) {
       if (c.wr_id == wr_id) return c;
       // An older WR's completion: only possible after a drain that gave up; never ours.
@@ -45,9 +47,32 @@ std::optional<Completion> AwaitCompletion(QueuePair& qp, uint64_t wr_id,
 
 RdmaHub::RdmaHub(std::shared_ptr<Verbs> verbs, const TransportOptions& options,
                  std::vector<DeviceInfo> devices)
-    : verbs_(std::move(verbs)), options_(options), devices_(std::move(devices)) {
+    : verbs_(std::move(verbs)),
+      options_(options),
+      devices_(std::move(devices)),
+      probed_(std::chrono::steady_clock::now()) {
   std::string warning = verbs_->ForkInit();
   if (!warning.empty()) spdlog::warn("RDMA: {}", warning);
+}
+
+absl::StatusOr<PortChoice> RdmaHub::Choose(const std::string& local_ip) {
+  constexpr auto kReprobe = std::chrono::seconds(60);
+  std::vector<DeviceInfo> devices;
+  {
+    absl::MutexLock lock(&mu_);
+    if (std::chrono::steady_clock::now() - probed_ < kReprobe) devices = devices_;
+  }
+  if (devices.empty()) {
+    std::string error;
+    devices = verbs_->Devices(&error);
+    absl::MutexLock lock(&mu_);
+    devices_ = devices;
+    probed_ = std::chrono::steady_clock::now();
+  }
+  std::string why;
+  auto c = ChoosePort(devices, local_ip, &why);
+  if (!c) return absl::FailedPreconditionError(why);
+  return *c;
 }
 
 std::shared_ptr<RdmaHub> NewRdmaHub(std::shared_ptr<Verbs> verbs, const TransportOptions& options,

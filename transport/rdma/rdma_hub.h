@@ -91,17 +91,17 @@ class BufferPool {
     free_[mr->size()].push_back(std::move(mr));
   }
 
-  // A buffer a WRITE may still read or write: never reused, never freed.
-  void Quarantine(std::unique_ptr<MemoryRegion> mr) ABSL_LOCKS_EXCLUDED(mu_) {
+  // A WRITE from a buffer was never drained (its owner keeps it until its QP is destroyed).
+  void CountQuarantined() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    quarantined_.push_back(std::move(mr));
+    quarantined_++;
   }
 
   void AddStats(RdmaHubStats* s) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     s->registered_bytes += registered_;
     s->registrations += registrations_;
-    s->quarantined += quarantined_.size();
+    s->quarantined += quarantined_;
   }
 
  private:
@@ -117,8 +117,8 @@ class BufferPool {
   const size_t budget_;
   absl::Mutex mu_;
   std::map<size_t, std::vector<std::unique_ptr<MemoryRegion>>> free_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<MemoryRegion>> quarantined_ ABSL_GUARDED_BY(mu_);
-  size_t registered_ ABSL_GUARDED_BY(mu_) = 0;  // free, lent and quarantined
+  uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t registered_ ABSL_GUARDED_BY(mu_) = 0;  // free and lent
   uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -138,12 +138,10 @@ class RdmaHub {
   const TransportOptions& options() const { return options_; }
 
   // The port for a connection whose local address is `local_ip`. Returns: FailedPrecondition.
-  absl::StatusOr<PortChoice> Choose(const std::string& local_ip) {
-    std::string why;
-    auto c = ChoosePort(devices_, local_ip, &why);
-    if (!c) return absl::FailedPreconditionError(why);
-    return *c;
-  }
+  // The port for a connection whose local address is `local_ip`, from device tables at most
+  // kReprobe old (GID indices move when addresses or VLANs change, LIDs when the subnet manager
+  // reassigns them). Returns: FailedPrecondition.
+  absl::StatusOr<PortChoice> Choose(const std::string& local_ip) ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Device {
     std::unique_ptr<VerbsContext> ctx;
@@ -189,7 +187,8 @@ class RdmaHub {
  private:
   const std::shared_ptr<Verbs> verbs_;
   const TransportOptions options_;
-  const std::vector<DeviceInfo> devices_;  // probed once
+  std::vector<DeviceInfo> devices_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point probed_ ABSL_GUARDED_BY(mu_);
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Device>> devices_open_ ABSL_GUARDED_BY(mu_);
   uint64_t contexts_opened_ ABSL_GUARDED_BY(mu_) = 0;

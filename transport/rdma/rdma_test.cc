@@ -269,6 +269,17 @@ TEST_F(RdmaTransportTest, AWrongTokenIsPermissionDeniedNotAFallback) {
   EXPECT_EQ(fabric->stats().qps_created, 0u);
 }
 
+// A path RDMA cannot take (here: more routers than any hop limit) connects its queue pairs but
+// no WRITE arrives: the peer is then fetched from over TCP, not failed twice per block.
+TEST_F(RdmaTransportTest, AnUnreachableRdmaPathFallsBackToTcp) {
+  auto fabric = FakeFabric::Create(/*routed=*/true, /*hops=*/255);
+  auto [server, client] = RocePair(*fabric);
+  for (int i = 0; i < 3; i++) ASSERT_TRUE(FetchAndCheck(*client, server.peer, i).ok());
+  EXPECT_EQ(fabric->stats().writes, 0u);
+  EXPECT_EQ(fabric->stats().failed_writes, 1u);  // one attempt, then TCP for this peer
+  EXPECT_EQ(GetRdmaHubStats(*client_hub_).tcp_fallbacks, 3u);
+}
+
 // Defects 2 and 10: mismatched link layers are refused by the server, and the client falls back
 // to TCP for that peer after one attempt.
 TEST_F(RdmaTransportTest, MismatchedLinkLayersAreRefusedAndFallBackToTcpOnce) {
@@ -310,6 +321,7 @@ TEST_F(RdmaTransportTest, ATimedOutWriteIsDrainedBeforeItsBufferIsUsedAgain) {
   options_.io_timeout = std::chrono::milliseconds(300);
   auto fabric = FakeFabric::Create();
   auto [server, client] = RocePair(*fabric);
+  ASSERT_TRUE(FetchAndCheck(*client, server.peer, 2).ok());  // a session that has worked
   fabric->DelayNextWrite("srv0", std::chrono::milliseconds(900));
   absl::Status first = FetchAndCheck(*client, server.peer, 0, 0, 1 << 20);
   EXPECT_TRUE(first.ok() || absl::IsUnavailable(first)) << first;  // never wrong bytes
@@ -329,6 +341,7 @@ TEST_F(RdmaTransportTest, ALostCompletionNeverHangsAFetch) {
   options_.io_timeout = std::chrono::milliseconds(300);
   auto fabric = FakeFabric::Create();
   auto [server, client] = RocePair(*fabric);
+  ASSERT_TRUE(FetchAndCheck(*client, server.peer, 0).ok());  // a session that has worked
   fabric->LoseNextCompletion("srv0");
   auto t0 = std::chrono::steady_clock::now();
   absl::Status first = FetchAndCheck(*client, server.peer, 1);
@@ -411,13 +424,22 @@ TEST_F(RdmaTransportTest, AnIdleClosedSessionIsRetriedOnAFreshOne) {
   auto srv_host = fabric->AddHost(Roce("srv0", "127.0.0.2"));
   auto server = StartServer(srv_host);
   auto client = Client(fabric->AddHost(Roce("cli0", "127.0.0.1")));
-  ASSERT_TRUE(FetchAndCheck(*client, server.peer, 0).ok());
+  // Several idle sessions, all of which the restart below ends.
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 4; r++) {
+    readers.emplace_back([&, r] { EXPECT_TRUE(FetchAndCheck(*client, server.peer, r).ok()); });
+  }
+  for (auto& t : readers) t.join();
+  const uint64_t before = GetRdmaHubStats(*client_hub_).sessions_opened;
+  ASSERT_GE(before, 1u);
   const int port = server.server->port();
   server.server->Stop();  // closes every connection, as an idle timeout or a restart does
   server.server.reset();
   auto again = StartServer(srv_host, port);
+  // The retry builds a new session rather than taking another dead idle one.
   ASSERT_TRUE(FetchAndCheck(*client, again.peer, 1).ok());
-  EXPECT_EQ(GetRdmaHubStats(*client_hub_).sessions_opened, 2u);
+  ASSERT_TRUE(FetchAndCheck(*client, again.peer, 2).ok());
+  EXPECT_EQ(GetRdmaHubStats(*client_hub_).sessions_opened, before + 1);
   EXPECT_EQ(GetRdmaHubStats(*client_hub_).tcp_fallbacks, 0u);
 }
 

@@ -37,7 +37,8 @@ class RdmaTransport final : public BlockTransport {
     for (int attempt = 0; attempt < 2; attempt++) {
       bool pooled = false;
       bool refused = false;  // the peer cannot do RDMA with us: TCP for it
-      auto session = GetSession(peer, &pooled, &refused);
+      // The retry always builds a new session: the other idle ones may be as dead.
+      auto session = attempt == 0 ? GetSession(peer, &pooled, &refused) : Open(peer, &refused);
       if (!session.ok()) {
         if (!refused) return session.status();
         MarkTcp(peer, std::string(session.status().message()));
@@ -52,16 +53,30 @@ class RdmaTransport final : public BlockTransport {
         return tcp_->Fetch(peer, addr, offset, length, buf, info);
       }
       absl::Status s = FetchOn(**session, peer, addr, offset, length, **buffer, buf, info);
-      if (s.ok() || absl::IsNotFound(s) || absl::IsInvalidArgument(s)) {
+      const bool first_write = !(*session)->used;
+      (*session)->used = true;
+      if (s.ok() || absl::IsNotFound(s) || absl::IsInvalidArgument(s) ||
+          absl::IsResourceExhausted(s)) {
         (*session)->device->client_pool->Release(std::move(*buffer));
         PutSession(peer, std::move(*session));
-        return s;
+        if (!absl::IsResourceExhausted(s)) return s;
+        // The peer's RDMA buffers are all in use: this block over TCP.
+        hub_->CountFallback();
+        return tcp_->Fetch(peer, addr, offset, length, buf, info);
       }
       // The session is gone: its QP is destroyed before the buffer can be written into again.
       RdmaHub::Device* device = (*session)->device;
       session->reset();
       device->client_pool->Release(std::move(*buffer));
-      if (!absl::IsUnavailable(s) || attempt == 1) return s;
+      DropIdle(peer);  // a restarted peer or a flapped link took those too
+      if (first_write && absl::IsAborted(s)) {
+        // The queue pairs connected but the first WRITE never arrived (a path RDMA cannot
+        // take: a GID on another subnet or VLAN): TCP for this peer.
+        MarkTcp(peer, std::string(s.message()));
+        return FetchOverTcp(peer, addr, offset, length, buf, info);
+      }
+      if (!absl::IsUnavailable(s) && !absl::IsAborted(s)) return s;
+      if (attempt == 1) return absl::UnavailableError(s.message());
       // An idle-closed connection, a flapped link, a failed write: once more on a fresh session.
       spdlog::debug("peer {}: RDMA session ended ({}); retrying on a new one", peer,
                     std::string(s.message()));
@@ -74,6 +89,7 @@ class RdmaTransport final : public BlockTransport {
     int fd = -1;
     RdmaHub::Device* device = nullptr;
     std::unique_ptr<QueuePair> qp;
+    bool used = false;  // a block has been asked for on it
     ~Session() {
       qp.reset();  // first: no write lands in a buffer after this
       if (fd >= 0) close(fd);
@@ -129,6 +145,14 @@ class RdmaTransport final : public BlockTransport {
       }
     }
     return Open(peer, refused);
+  }
+
+  void DropIdle(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::unique_ptr<Session>> idle;
+    {
+      absl::MutexLock lock(&mu_);
+      idle.swap(idle_[peer]);
+    }  // closed outside the lock
   }
 
   void PutSession(const std::string& peer, std::unique_ptr<Session> s) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -210,8 +234,11 @@ class RdmaTransport final : public BlockTransport {
     if (!resp || resp->request_id != q.request_id) {
       return absl::UnavailableError(absl::StrCat("peer ", peer, ": malformed response"));
     }
-    if (resp->status == WireStatus::kInternal) {
-      return absl::UnavailableError(absl::StrCat("peer ", peer, ": its RDMA write failed"));
+    if (resp->status == WireStatus::kInternal) {  // Aborted: the session's QP is gone
+      return absl::AbortedError(absl::StrCat("peer ", peer, ": its RDMA write failed"));
+    }
+    if (resp->status == WireStatus::kBusy) {
+      return absl::ResourceExhaustedError(absl::StrCat("peer ", peer, ": RDMA buffers busy"));
     }
     if (resp->status != WireStatus::kOk) return FromWire(resp->status, peer);
     if (resp->length != length) {
@@ -251,14 +278,19 @@ class RdmaBlockWriter final : public BlockWriter {
  public:
   RdmaBlockWriter(RdmaHub::Device* device, std::unique_ptr<QueuePair> qp)
       : device_(device), qp_(std::move(qp)) {}
+  ~RdmaBlockWriter() override {
+    qp_.reset();  // first: the NIC no longer reads what it was given
+    for (auto& mr : stuck_) device_->server_pool->Release(std::move(mr));
+  }
 
   absl::Status Write(const BlockSource::Block& block, uint64_t offset, uint32_t length,
                      uint64_t remote_addr, uint32_t rkey,
                      std::chrono::milliseconds timeout) override {
     if (dead_) return absl::UnavailableError("the queue pair failed earlier");
     if (length > kMaxLength) return absl::InvalidArgumentError("longer than a block");
-    auto mr = device_->server_pool->Acquire(length, timeout);
-    if (!mr.ok()) return Dead(mr.status());
+    // No buffer free in time: the connection stays (the client takes this block over TCP).
+    auto mr = device_->server_pool->Acquire(length, timeout / 4);
+    if (!mr.ok()) return absl::ResourceExhaustedError(mr.status().message());
     if (block.data != nullptr) {
       std::memcpy((*mr)->data(), block.data + offset, length);
     } else if (!PreadFull(block.fd, block.offset + offset, length, (*mr)->data())) {
@@ -283,10 +315,12 @@ class RdmaBlockWriter final : public BlockWriter {
     if (flushed) {
       device_->server_pool->Release(std::move(*mr));
     } else {
+      // Back to the pool only once the QP is destroyed (the connection ends now).
       spdlog::error(
-          "RDMA: a timed-out write never completed, not even flushed; its buffer is "
-          "set aside for good");
-      device_->server_pool->Quarantine(std::move(*mr));
+          "RDMA: a timed-out write was not even flushed; its buffer waits for its "
+          "queue pair to be destroyed");
+      device_->server_pool->CountQuarantined();
+      stuck_.push_back(std::move(*mr));
     }
     return Dead(absl::UnavailableError("RDMA write timed out"));
   }
@@ -299,6 +333,7 @@ class RdmaBlockWriter final : public BlockWriter {
 
   RdmaHub::Device* const device_;
   std::unique_ptr<QueuePair> qp_;
+  std::vector<std::unique_ptr<MemoryRegion>> stuck_;  // WRITEs never drained from these
   uint64_t next_wr_ = 1;
   bool dead_ = false;
 };

@@ -7,7 +7,8 @@
 // a VerbsContext, one per process and device); a context registers page-aligned memory
 // (ibv_reg_mr: a MemoryRegion) and creates reliable-connected queue pairs, each with its own
 // completion queue and completion channel (a QueuePair). Semantics the transport relies on, and
-// the fake keeps: a WRITE posted on a QP not in RTS fails; completions come in posting order with
+// the fake keeps: a WRITE posted before RTS fails (in ERR it completes as flushed); completions
+// come in posting order with
 // the wr_id they were posted with; an error completion moves the QP to ERR and every WR after it
 // completes as flushed; a QP moved to ERR flushes what is outstanding; registration fails beyond
 // the locked-memory limit; a WRITE needs the target's rkey, bounds and REMOTE_WRITE.
@@ -96,7 +97,7 @@ class QueuePair {
   // Any state -> ERR: outstanding WRs complete as flushed.
   virtual absl::Status ToError() = 0;
   // Posts a signaled RDMA WRITE of mr[offset, offset+len) to (remote_addr, rkey).
-  // Returns: Unavailable with ibv_post_send's error (e.g. the QP is not in RTS).
+  // Returns: Unavailable with ibv_post_send's error (e.g. the QP is not in RTS yet).
   virtual absl::Status PostWrite(uint64_t wr_id, MemoryRegion& mr, size_t offset, size_t len,
                                  uint64_t remote_addr, uint32_t rkey) = 0;
   // Takes up to one completion. Returns: 1, 0 (none yet) or Unavailable.

@@ -23,8 +23,8 @@ class IbvMemoryRegion final : public MemoryRegion {
  public:
   IbvMemoryRegion(ibv_mr* mr, char* mem, size_t size) : mr_(mr), mem_(mem), size_(size) {}
   ~IbvMemoryRegion() override {
-    ibv_dereg_mr(mr_);
-    free(mem_);
+    // Memory still registered must not be handed to anyone else: leak it if that fails.
+    if (ibv_dereg_mr(mr_) == 0) free(mem_);
   }
   char* data() override { return mem_; }
   size_t size() const override { return size_; }
