@@ -417,6 +417,29 @@ TEST_F(RdmaTransportTest, RegisteredMemoryIsBoundedAndTheMemlockLimitIsNamed) {
   EXPECT_NE(hs.last_error.find("RLIMIT_MEMLOCK"), std::string::npos) << hs.last_error;
 }
 
+// A server whose RDMA buffers are all in use answers busy and keeps the connection; the client
+// takes that block over TCP.
+TEST_F(RdmaTransportTest, ABusyServerSendsTheBlockOverTcpInstead) {
+  options_.rdma_memory = 4 << 20;                 // one buffer per pool
+  options_.io_timeout = std::chrono::seconds(3);  // the server waits 750 ms for a buffer
+  auto fabric = FakeFabric::Create();
+  auto server = StartServer(fabric->AddHost(Roce("srv0", "127.0.0.2")));
+  auto first = Client(fabric->AddHost(Roce("cli0", "127.0.0.1")));
+  auto first_hub = client_hub_;
+  auto second = Client(fabric->AddHost(Roce("cli1", "127.0.0.9")));  // its own GID
+  fabric->DelayNextWrite("srv0", std::chrono::milliseconds(1500));   // holds the server's buffer
+  std::thread slow([&] { EXPECT_TRUE(FetchAndCheck(*first, server.peer, 0).ok()); });
+  ASSERT_TRUE(testing::WaitFor([&] { return fabric->Registered("srv0") > 0; }));
+  ASSERT_TRUE(FetchAndCheck(*second, server.peer, 1).ok());
+  slow.join();
+  EXPECT_EQ(GetRdmaHubStats(*client_hub_).tcp_fallbacks, 1u);  // the busy one
+  EXPECT_EQ(GetRdmaHubStats(*first_hub).tcp_fallbacks, 0u);
+  // The connection stayed: the next fetch is RDMA on the same session.
+  ASSERT_TRUE(FetchAndCheck(*second, server.peer, 2).ok());
+  EXPECT_EQ(GetRdmaHubStats(*client_hub_).sessions_opened, 1u);
+  EXPECT_EQ(fabric->stats().writes, 2u);
+}
+
 // Defect 8: a pooled session whose server went away while it was idle is retried once on a
 // fresh one.
 TEST_F(RdmaTransportTest, AnIdleClosedSessionIsRetriedOnAFreshOne) {
