@@ -3,18 +3,16 @@
 #include "origin/origin.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <string>
-#include <vector>
-
-#include <httplib.h>
-
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -330,9 +328,9 @@ TEST(RemoteOriginTest, ALargeReadIsPartsFetchedAtOnce) {
   EXPECT_TRUE(got == body.substr(1 << 20, 4 << 20));
   using R = std::pair<int64_t, int64_t>;
   EXPECT_EQ(server.Ranges(), (std::vector<R>{{1 << 20, (2 << 20) - 1},
-                                            {2 << 20, (3 << 20) - 1},
-                                            {3 << 20, (4 << 20) - 1},
-                                            {4 << 20, (5 << 20) - 1}}));
+                                             {2 << 20, (3 << 20) - 1},
+                                             {3 << 20, (4 << 20) - 1},
+                                             {4 << 20, (5 << 20) - 1}}));
   // A small read stays one GET.
   std::string small(100 << 10, '\0');
   ASSERT_TRUE((*origin)->Read(f, 7, small.size(), small.data()).ok());

@@ -2,8 +2,8 @@
 // manifest, HTTP errors as statuses, client options and credentials; and OpenRemoteOrigin.
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <thread>
@@ -11,13 +11,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
-#include "absl/synchronization/blocking_counter.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "origin/http_client.h"
 #include "origin/internal.h"
@@ -149,8 +149,8 @@ absl::Status RangedRead(HttpClient& http, HttpRequest req, const OriginFile& fil
   for (size_t i = 1; i < parts; i++) {
     const size_t at = i * part;
     PartPool::Get().Run([&, i, at] {
-      status[i] = RangedPart(http, req, file, offset + at, std::min(part, len - at), buf + at, what,
-                             check);
+      status[i] =
+          RangedPart(http, req, file, offset + at, std::min(part, len - at), buf + at, what, check);
       others.DecrementCount();
     });
   }
