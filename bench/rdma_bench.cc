@@ -96,8 +96,8 @@ Result Copies(int fd, uint64_t blocks, uint32_t block, int rounds) {
       if (pread(fd, a.data(), block, static_cast<off_t>(i * block)) != block) return {};
       std::memcpy(b.data(), a.data(), block);  // the NIC
       BlockChecksummer sum;
-      for (uint32_t d = 0; d < block; d += 256 << 10) {
-        uint32_t n = std::min<uint32_t>(256 << 10, block - d);
+      for (uint32_t d = 0; d < block; d += BlockChecksummer::kPiece) {
+        uint32_t n = std::min<uint32_t>(BlockChecksummer::kPiece, block - d);
         std::memcpy(c.data() + d, b.data() + d, n);
         sum.Update(c.data() + d, n);
       }

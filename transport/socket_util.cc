@@ -124,13 +124,12 @@ namespace {
 // quickack: ACK each segment at once (TCP_QUICKACK is not sticky, so it is set before each recv).
 absl::Status ReadLoop(int fd, void* buf, size_t n, bool quickack, BlockChecksummer* sum) {
   // Hashed pieces stay within a core's cache between the copy and the hash.
-  constexpr size_t kHashPiece = 256 << 10;
   char* p = static_cast<char*>(buf);
   size_t done = 0;
   const int one = 1;
   while (done < n) {
     if (quickack) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
-    const size_t want = sum != nullptr ? std::min(n - done, kHashPiece) : n - done;
+    const size_t want = sum != nullptr ? std::min(n - done, BlockChecksummer::kPiece) : n - done;
     ssize_t r = recv(fd, p + done, want, 0);
     if (r > 0) {
       if (sum != nullptr) sum->Update(p + done, static_cast<size_t>(r));

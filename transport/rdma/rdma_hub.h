@@ -27,7 +27,6 @@ inline constexpr size_t kMinBuffer = 1u << 20;  // buffers come in powers of two
 inline constexpr int kMaxSendWr = 4;
 inline constexpr auto kSpin = std::chrono::microseconds(50);  // poll this long before sleeping
 inline constexpr auto kDrainWait = std::chrono::milliseconds(1000);  // for a flush after ERR
-inline constexpr size_t kHashPiece = 256u << 10;
 
 // The buffer size class for `len` bytes: a power of two from kMinBuffer.
 size_t SizeClass(size_t len);

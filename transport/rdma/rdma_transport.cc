@@ -35,10 +35,9 @@ class RdmaTransport final : public BlockTransport {
     if (length > kMaxLength) return absl::InvalidArgumentError("length over the limit");
     if (UsesTcp(peer)) return FetchOverTcp(peer, addr, offset, length, buf, info);
     for (int attempt = 0; attempt < 2; attempt++) {
-      bool pooled = false;
       bool refused = false;  // the peer cannot do RDMA with us: TCP for it
       // The retry always builds a new session: the other idle ones may be as dead.
-      auto session = attempt == 0 ? GetSession(peer, &pooled, &refused) : Open(peer, &refused);
+      auto session = attempt == 0 ? GetSession(peer, &refused) : Open(peer, &refused);
       if (!session.ok()) {
         if (!refused) return session.status();
         MarkTcp(peer, std::string(session.status().message()));
@@ -49,8 +48,7 @@ class RdmaTransport final : public BlockTransport {
         // Out of registered memory (said once per cause); this fetch goes over TCP.
         WarnOnce("buffers", std::string(buffer.status().message()));
         PutSession(peer, std::move(*session));
-        hub_->CountFallback();
-        return tcp_->Fetch(peer, addr, offset, length, buf, info);
+        return FetchOverTcp(peer, addr, offset, length, buf, info);
       }
       absl::Status s = FetchOn(**session, peer, addr, offset, length, **buffer, buf, info);
       const bool first_write = !(*session)->used;
@@ -61,8 +59,7 @@ class RdmaTransport final : public BlockTransport {
         PutSession(peer, std::move(*session));
         if (!absl::IsResourceExhausted(s)) return s;
         // The peer's RDMA buffers are all in use: this block over TCP.
-        hub_->CountFallback();
-        return tcp_->Fetch(peer, addr, offset, length, buf, info);
+        return FetchOverTcp(peer, addr, offset, length, buf, info);
       }
       // The session is gone: its QP is destroyed before the buffer can be written into again.
       RdmaHub::Device* device = (*session)->device;
@@ -132,15 +129,15 @@ class RdmaTransport final : public BlockTransport {
     if (first) spdlog::error("RDMA: {}; those fetches go over TCP", why);
   }
 
-  absl::StatusOr<std::unique_ptr<Session>> GetSession(const std::string& peer, bool* pooled,
-                                                      bool* refused) ABSL_LOCKS_EXCLUDED(mu_) {
+  // An idle session to `peer`, else a new one (Open).
+  absl::StatusOr<std::unique_ptr<Session>> GetSession(const std::string& peer, bool* refused)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
       auto& v = idle_[peer];
       if (!v.empty()) {
         auto s = std::move(v.back());
         v.pop_back();
-        *pooled = true;
         return s;
       }
     }
@@ -248,7 +245,7 @@ class RdmaTransport final : public BlockTransport {
     // Out of the registered buffer, hashed in pieces while they are in the CPU's cache.
     BlockChecksummer sum;
     for (uint32_t done = 0; done < length;) {
-      const uint32_t n = std::min<uint32_t>(kHashPiece, length - done);
+      const uint32_t n = std::min<uint32_t>(BlockChecksummer::kPiece, length - done);
       std::memcpy(buf + done, mr.data() + done, n);
       sum.Update(buf + done, n);
       done += n;
