@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <list>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -350,6 +352,69 @@ TEST(RecentBlocksTest, SmallBlocksAreKeptByMemoryNotByCount) {
   EXPECT_NE(recent.Peek(block(1000), &sum), nullptr);
   recent.Erase(block(1000));
   EXPECT_EQ(recent.Peek(block(1000), &sum), nullptr);
+}
+
+// The constant-time bookkeeping keeps exactly what the rule says, against a plain model of it
+// (a list walked on every eviction) over random puts, gets and erases of mixed sizes.
+TEST(RecentBlocksTest, KeepsWhatThePlainRuleKeeps) {
+  struct Model {
+    BlockAddr addr;
+    size_t cost;
+    bool from_origin;
+  };
+  const size_t budget = 3 * RecentBlocks::kUnitBytes;
+  std::list<Model> model;  // newest first
+  auto model_find = [&](const BlockAddr& a) {
+    return std::find_if(model.begin(), model.end(), [&](const Model& m) { return m.addr == a; });
+  };
+  auto model_victim = [&] {
+    size_t newest = 0;
+    auto boundary = model.begin();
+    while (boundary != model.end() && (boundary == model.begin() || newest < budget / 4)) {
+      newest += boundary->cost;
+      ++boundary;
+    }
+    for (auto it = model.end(); it != boundary;) {
+      --it;
+      if (!it->from_origin) return it;
+    }
+    return std::prev(model.end());
+  };
+  RecentBlocks recent(3);
+  std::mt19937_64 rng(7);
+  const size_t sizes[] = {RecentBlocks::kMinCost / 2, 100 << 10, 1 << 20, RecentBlocks::kUnitBytes};
+  for (int step = 0; step < 20000; step++) {
+    const BlockAddr a{1, 1, 7, rng() % 64};
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 6) {
+      const size_t size = sizes[rng() % 4];
+      const bool origin = rng() % 2 == 0;
+      recent.Put(a, std::make_shared<const BlockBuffer>(size), 0, origin);
+      if (auto it = model_find(a); it != model.end()) model.erase(it);
+      model.push_front({a, std::max(size, RecentBlocks::kMinCost), origin});
+      size_t cost = 0;
+      for (const auto& m : model) cost += m.cost;
+      while (cost > budget && model.size() > 1) {
+        auto v = model_victim();
+        cost -= v->cost;
+        model.erase(v);
+      }
+    } else if (op < 9) {
+      const bool got = recent.Get(a) != nullptr;
+      auto it = model_find(a);
+      ASSERT_EQ(got, it != model.end()) << "step " << step;
+      if (it != model.end()) model.splice(model.begin(), model, it);
+    } else {
+      recent.Erase(a);
+      if (auto it = model_find(a); it != model.end()) model.erase(it);
+    }
+    uint64_t sum;
+    for (uint64_t i = 0; i < 64; i++) {
+      const BlockAddr b{1, 1, 7, i};
+      ASSERT_EQ(recent.Peek(b, &sum) != nullptr, model_find(b) != model.end())
+          << "step " << step << " block " << i;
+    }
+  }
 }
 
 TEST_F(ReadPathTest, HoldFileNeedsEveryBlockResident) {

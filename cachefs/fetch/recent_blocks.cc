@@ -8,7 +8,7 @@ std::shared_ptr<const BlockBuffer> RecentBlocks::Get(const BlockAddr& addr) {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(addr);
   if (it == index_.end()) return nullptr;
-  recent_.splice(recent_.begin(), recent_, it->second);  // iterators stay valid
+  MoveToFront(it->second);
   return recent_.front().data;
 }
 
@@ -20,10 +20,42 @@ std::shared_ptr<const BlockBuffer> RecentBlocks::Peek(const BlockAddr& addr, uin
   return it->second->data;
 }
 
+void RecentBlocks::Rebalance() {
+  const size_t quarter = budget_ / 4;
+  // Grow while short of a quarter, then shrink while the oldest of the quarter is not needed to
+  // reach it (the quarter always holds the newest block).
+  while (newest_cost_ < quarter && boundary_ != recent_.end()) {
+    boundary_->newest = true;
+    newest_cost_ += boundary_->cost;
+    ++boundary_;
+  }
+  while (boundary_ != recent_.begin() && std::prev(boundary_) != recent_.begin() &&
+         newest_cost_ - std::prev(boundary_)->cost >= quarter) {
+    --boundary_;
+    boundary_->newest = false;
+    newest_cost_ -= boundary_->cost;
+  }
+}
+
+void RecentBlocks::MoveToFront(List::iterator it) {
+  if (it == boundary_) ++boundary_;
+  recent_.splice(recent_.begin(), recent_, it);  // iterators stay valid
+  if (!it->from_origin) peers_.splice(peers_.begin(), peers_, it->in_peers);
+  if (!it->newest) {
+    it->newest = true;
+    newest_cost_ += it->cost;
+  }
+  Rebalance();
+}
+
 void RecentBlocks::EraseAt(List::iterator it) {
+  if (it == boundary_) ++boundary_;
+  if (it->newest) newest_cost_ -= it->cost;
+  if (!it->from_origin) peers_.erase(it->in_peers);
   cost_ -= it->cost;
   index_.erase(it->addr);
   recent_.erase(it);
+  Rebalance();
 }
 
 void RecentBlocks::Erase(const BlockAddr& addr) {
@@ -50,17 +82,7 @@ void RecentBlocks::Unstored(const BlockAddr& addr) {
 }
 
 RecentBlocks::List::iterator RecentBlocks::Victim() {
-  // The newest quarter of the budget (at least the newest block) is kept whatever its source.
-  size_t newest = 0;
-  auto boundary = recent_.begin();
-  while (boundary != recent_.end() && (boundary == recent_.begin() || newest < budget_ / 4)) {
-    newest += boundary->cost;
-    ++boundary;
-  }
-  for (auto it = recent_.end(); it != boundary;) {
-    --it;
-    if (!it->from_origin) return it;
-  }
+  if (!peers_.empty() && !peers_.back()->newest) return peers_.back();
   return std::prev(recent_.end());
 }
 
@@ -71,9 +93,13 @@ void RecentBlocks::Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer>
   auto old = index_.find(addr);
   if (old != index_.end()) EraseAt(old->second);
   const size_t cost = std::max(data->size(), kMinCost);
-  recent_.push_front({addr, std::move(data), checksum, false, from_origin, cost});
-  index_[addr] = recent_.begin();
+  recent_.push_back({addr, std::move(data), checksum, false, from_origin, false, cost, {}});
+  auto it = std::prev(recent_.end());
+  if (boundary_ == recent_.end()) boundary_ = it;  // end() moved: the new block is past the quarter
+  if (!from_origin) it->in_peers = peers_.insert(peers_.end(), it);
+  index_[addr] = it;
   cost_ += cost;
+  MoveToFront(it);
   while (cost_ > budget_ && recent_.size() > 1) EraseAt(Victim());
 }
 

@@ -48,29 +48,41 @@ class RecentBlocks {
   void Unstored(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  struct Recent;
+  using List = std::list<Recent>;
   struct Recent {
     BlockAddr addr;
     std::shared_ptr<const BlockBuffer> data;
     uint64_t checksum = 0;
     bool unstored = false;
     bool from_origin = false;
+    bool newest = false;  // in the newest quarter of the budget
     size_t cost = 0;
+    std::list<List::iterator>::iterator in_peers;  // when !from_origin
   };
   struct AddrHash {
     size_t operator()(const BlockAddr& a) const {
       return absl::HashOf(a.dataset_id, a.version, a.file_id, a.index);
     }
   };
-  using List = std::list<Recent>;
   void EraseAt(List::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `it` (already in the list) the newest, keeping the newest quarter's bookkeeping.
+  void MoveToFront(List::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the boundary of the newest quarter after its cost changed.
+  void Rebalance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block to drop when over budget: the oldest from a peer outside the newest quarter of the
-  // budget (what readers are reading now), else the oldest.
+  // budget (what readers are reading now), else the oldest. O(1): the peers' blocks have their
+  // own list, in the same order.
   List::iterator Victim() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t budget_;  // bytes
   const size_t keep_unstored_;
   absl::Mutex mu_;
   List recent_ ABSL_GUARDED_BY(mu_);  // front = newest
+  // The first block not in the newest quarter (end() when all are), and the quarter's cost.
+  List::iterator boundary_ ABSL_GUARDED_BY(mu_) = recent_.end();
+  size_t newest_cost_ ABSL_GUARDED_BY(mu_) = 0;
+  std::list<List::iterator> peers_ ABSL_GUARDED_BY(mu_);  // blocks from peers, newest first
   absl::flat_hash_map<BlockAddr, List::iterator, AddrHash> index_ ABSL_GUARDED_BY(mu_);
   size_t cost_ ABSL_GUARDED_BY(mu_) = 0;
 };
