@@ -111,7 +111,7 @@ TEST(IndexRecordTest, RoundTripAndBadRecordsAreRefused) {
   IndexRecord r{BlockAddr{1, 2, 3, 4}, 0xabcdef, 4ull * (4 << 20), 4 << 20, 1700000000000};
   std::string k = EncodeIndexKey(r.addr), v = EncodeIndexValue(r);
   ASSERT_EQ(k.size(), 24u);
-  ASSERT_EQ(v.size(), 28u);
+  ASSERT_EQ(v.size(), 32u);
   auto d = DecodeIndexRecord(k, v);
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->addr, r.addr);
@@ -119,7 +119,9 @@ TEST(IndexRecordTest, RoundTripAndBadRecordsAreRefused) {
   EXPECT_EQ(d->offset, r.offset);
   EXPECT_EQ(d->length, r.length);
   EXPECT_EQ(d->pinned_until_ms, r.pinned_until_ms);
-  EXPECT_TRUE(DecodeIndexRecord(k, v.substr(0, 20)).has_value());  // an older record
+  EXPECT_EQ(d->segment, 0u);
+  EXPECT_TRUE(DecodeIndexRecord(k, v.substr(0, 20)).has_value());  // older records
+  EXPECT_TRUE(DecodeIndexRecord(k, v.substr(0, 28)).has_value());
   EXPECT_FALSE(DecodeIndexRecord(k, v.substr(0, 27)).has_value());
   EXPECT_FALSE(DecodeIndexRecord(k.substr(1), v).has_value());
   auto bad = [&](IndexRecord x) {
@@ -140,6 +142,14 @@ TEST(IndexRecordTest, RoundTripAndBadRecordsAreRefused) {
   x = r;
   x.addr.file_id = 0;
   EXPECT_FALSE(bad(x));
+  // A small file's block in a segment: anywhere in it, but only as its file's one block.
+  IndexRecord s{BlockAddr{1, 2, 3, 0}, 0x1234, 12345, 2500, 0, 7};
+  auto ds = DecodeIndexRecord(EncodeIndexKey(s.addr), EncodeIndexValue(s));
+  ASSERT_TRUE(ds.has_value());
+  EXPECT_EQ(ds->segment, 7u);
+  EXPECT_EQ(ds->offset, 12345u);
+  s.addr.index = 1;
+  EXPECT_FALSE(bad(s));
 }
 
 }  // namespace

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   co.dir = options.cache_dir;
   co.capacity_bytes = options.cache_bytes;
   co.direct_writes = options.direct_cache_writes;
+  co.small_file_max = options.small_file_max;
   auto cache = BlockCache::Open(co);
   if (!cache.ok()) return cache.status();
   a->cache_ = std::move(*cache);

@@ -58,7 +58,8 @@ struct NodeOptions {
   uint32_t gpus = 0;
   std::string cache_dir;
   uint64_t cache_bytes = 0;
-  bool direct_cache_writes = true;  // BlockCache::Options::direct_writes
+  bool direct_cache_writes = true;      // BlockCache::Options::direct_writes
+  uint64_t small_file_max = 256 << 10;  // BlockCache::Options::small_file_max
   std::string mountpoint;
   MountOptions mount;
   int readahead_blocks = 8;  // the most; the window grows to it (ReadPath::Options)

@@ -124,17 +124,19 @@ TEST_F(ClusterTest, CorruptPeerIsDetectedAndNeverServed) {
   auto a = Node("a", 2, "", {"--recent-blocks", "0", "--readahead", "0"});
   ASSERT_EQ(ReadAll(*a), 0);
   Settled(*a);
-  // Corrupt every cached block on A, in place, while A keeps serving.
+  // Corrupt every cached file on A (its own cache file, or its place in a segment: the images
+  // are small files), in place, while A keeps serving.
   int corrupted = 0;
-  for (auto& e : fs::recursive_directory_iterator(a->cache_dir() + "/blocks")) {
-    if (!e.is_regular_file()) continue;
-    int fd = open(e.path().c_str(), O_RDWR);
-    char c = 0;
-    ASSERT_EQ(pread(fd, &c, 1, 100), 1);
-    c ^= 0x77;
-    ASSERT_EQ(pwrite(fd, &c, 1, 100), 1);
-    close(fd);
-    corrupted++;
+  for (const auto& f : files_) {
+    for (const auto& copy : testing::CachedCopiesOf(a->cache_dir(), ReadFile(origin_ + "/" + f))) {
+      int fd = open(copy.path.c_str(), O_RDWR);
+      char c = 0;
+      ASSERT_EQ(pread(fd, &c, 1, static_cast<off_t>(copy.offset + 100)), 1);
+      c ^= 0x77;
+      ASSERT_EQ(pwrite(fd, &c, 1, static_cast<off_t>(copy.offset + 100)), 1);
+      close(fd);
+      corrupted++;
+    }
   }
   ASSERT_EQ(corrupted, static_cast<int>(files_.size()));
   auto b = Node("b", 3);

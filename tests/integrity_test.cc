@@ -125,14 +125,17 @@ TEST_P(FlipTest, FlippedBytesAreNeverServed) {
   Fill(*node);
   if (GetParam().passthrough && GetParam().binding == "kernel") {
     // Resident and checked by its fill: the next open is passed through (the kernel reads it).
-    ASSERT_EQ(ReadUncached(node->mount() + "/ds/small.bin"), small_);
+    ASSERT_EQ(ReadUncached(node->mount() + "/ds/large.bin"), large_);
     ASSERT_GE(Settled(*node).passthrough_opens(), 1u);
   }
   const std::string large = CacheFileOfSize(node->cache_dir(), kLarge);
-  const std::string small = CacheFileOfSize(node->cache_dir(), kSmall);
-  ASSERT_FALSE(large.empty() || small.empty());
+  // The small file is packed into a segment with others (no cache file of its own).
+  const auto small = testing::CachedCopiesOf(node->cache_dir(), small_);
+  ASSERT_FALSE(large.empty());
+  ASSERT_EQ(small.size(), 1u);
+  ASSERT_NE(small[0].path.find("/segments/"), std::string::npos);
   Flip(large, 5 * kMiB + 123);  // block 1
-  Flip(small, 1000);
+  Flip(small[0].path, small[0].offset + 1000);
   DropCaches();
   const uint64_t passthrough_before = Settled(*node).passthrough_opens();
   EXPECT_EQ(ReadUncached(node->mount() + "/ds/large.bin"), large_);

@@ -413,9 +413,9 @@ TEST_F(MetaIntegrationTest, AFullDataDirFailsWritesClearlyAndLosesNothingAcknowl
   ASSERT_EQ(statvfs(small.c_str(), &vfs), 0);
   const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   ASSERT_GT(avail, 64u << 20);
-  ASSERT_EQ(testing::RunShell(absl::StrCat("fallocate -l ", avail - (32u << 20), " ", small,
-                                           "/filler")),
-            0);
+  ASSERT_EQ(
+      testing::RunShell(absl::StrCat("fallocate -l ", avail - (32u << 20), " ", small, "/filler")),
+      0);
 
   auto r = ember({"dataset", "add", "more", dir_.Sub("origin")});
   EXPECT_EQ(r.exit_code, 1);

@@ -519,8 +519,7 @@ TEST_F(MountTest, StaleMountFromKilledAgentIsCleanedUp) {
   EXPECT_EQ(statvfs(node->mount().c_str(), &vfs), -1);
   // "Transport endpoint is not connected"; a request caught while the kernel tears down the
   // dead agent's io_uring queues ends with ECONNABORTED or ECANCELED instead.
-  EXPECT_TRUE(errno == ENOTCONN || errno == ECONNABORTED || errno == ECANCELED)
-      << strerror(errno);
+  EXPECT_TRUE(errno == ENOTCONN || errno == ECONNABORTED || errno == ECANCELED) << strerror(errno);
   ASSERT_TRUE(node->Start());
   EXPECT_EQ(ReadUncached(node->mount() + "/ds/a/small.txt"), "hello ember\n");
   EXPECT_NE(node->Log().find("stale FUSE mount"), std::string::npos);

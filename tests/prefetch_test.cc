@@ -93,10 +93,12 @@ class PrefetchTest : public ::testing::Test {
   // Bytes actually on a node's disk in its cache files (holes not counted).
   static uint64_t OnDisk(NodeProcess& n) {
     uint64_t total = 0;
-    if (!fs::exists(n.cache_dir() + "/blocks")) return 0;
-    for (auto& e : fs::recursive_directory_iterator(n.cache_dir() + "/blocks")) {
-      struct stat st;
-      if (e.is_regular_file() && stat(e.path().c_str(), &st) == 0) total += st.st_blocks * 512;
+    for (const char* sub : {"/blocks", "/segments"}) {  // files' own and small files' segments
+      if (!fs::exists(n.cache_dir() + sub)) continue;
+      for (auto& e : fs::recursive_directory_iterator(n.cache_dir() + sub)) {
+        struct stat st;
+        if (e.is_regular_file() && stat(e.path().c_str(), &st) == 0) total += st.st_blocks * 512;
+      }
     }
     return total;
   }

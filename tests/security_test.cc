@@ -157,13 +157,12 @@ void MakeCa(const std::string& dir, const std::string& name) {
 // except for the paths left open (/healthz by default; here /metrics too on the node).
 TEST_F(SecurityTest, HttpEndpointsWantTheTokenExceptWhereLeftOpen) {
   const std::string http = absl::StrCat("127.0.0.1:", testing::FreePort());
-  MetaProcess meta(dir_.Sub("meta"), "10s",
-                   {"--token-file", dir_.Sub("token"), "--http", http},
+  MetaProcess meta(dir_.Sub("meta"), "10s", {"--token-file", dir_.Sub("token"), "--http", http},
                    meta::MetaCredentials{kToken, ""});
   NodeProcess::Options o;
   const std::string node_http = absl::StrCat("127.0.0.1:", testing::FreePort());
-  o.extra_args = {"--token-file", dir_.Sub("token"), "--metrics-listen", node_http,
-                  "--metrics-open", "/healthz,/metrics"};
+  o.extra_args = {"--token-file", dir_.Sub("token"), "--metrics-listen",
+                  node_http,      "--metrics-open",  "/healthz,/metrics"};
   NodeProcess node(dir_.Sub("node"), meta.address(), o);
   ASSERT_TRUE(node.Start());
   auto code = [](const std::string& host_port, const std::string& path, const std::string& token,

@@ -48,6 +48,7 @@ struct NodeFlags {
   std::string fuse_binding = "kernel";
   bool no_passthrough = false;
   bool buffered_cache_writes = false;
+  std::string small_file_max = "256KiB";
   std::string scrub_rate = "auto";
   bool readdirplus = false;
   bool direct_io = false;
@@ -118,6 +119,10 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
               "the fuse module's enable_uring on); not with --takeover/--supervise");
   c->add_flag("--buffered-cache-writes", f->buffered_cache_writes,
               "Write filled blocks through the page cache instead of with O_DIRECT");
+  c->add_option("--small-file-max", f->small_file_max,
+                "Files of at most this size are packed into the cache's segment files (no cache "
+                "file each, no passthrough: the mount's page cache serves them); 0: none")
+      ->capture_default_str();
   c->add_option("--scrub-rate", f->scrub_rate,
                 "Pace of the background check of every cached block on disk, per second (e.g. "
                 "64MiB; auto: a full pass per day of --cache-size; 0: off)")
@@ -154,6 +159,11 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.fuse_binding = f.fuse_binding;
   o.mount.passthrough = !f.no_passthrough;
   o.direct_cache_writes = !f.buffered_cache_writes;
+  {
+    auto m = ParseSize(f.small_file_max);
+    if (!m.ok()) Fail(absl::StrCat("--small-file-max: ", m.status().message()));
+    o.small_file_max = *m;
+  }
   if (f.scrub_rate != "auto") {
     std::string rate = f.scrub_rate;
     if (rate.size() > 2 && rate.substr(rate.size() - 2) == "/s") rate.resize(rate.size() - 2);

@@ -36,32 +36,34 @@ BlockHoldPtr BlockCache::Acquire(const BlockAddr& addr, bool record_access) {
   if (it == blocks_.end() || it->second.writing || it->second.doomed) return nullptr;
   Entry& e = it->second;
   int fd = -1;
-  auto file = OpenForRead(addr, &fd);
+  auto file = OpenForRead(addr, e.segment, &fd);
   if (!file) {
-    spdlog::warn("cache: block file {} vanished: {}", FilePath(addr), strerror(errno));
+    spdlog::warn("cache: block file {} vanished: {}", files_.FilePath(addr, e.segment),
+                 strerror(errno));
     RemoveLocked(it, false);
     return nullptr;
   }
   e.holds++;
   LruUnlink(&*it);
   LruPushFront(&*it);
-  auto* hold = new BlockHold{addr,       fd,        e.offset,     e.length,
-                             e.checksum, e.checked, e.generation, std::move(file)};
+  auto* hold = new BlockHold{addr,      fd,           e.offset,        e.length, e.checksum,
+                             e.checked, e.generation, std::move(file), e.segment};
   return BlockHoldPtr(hold, [this](const BlockHold* h) {
     Release(h->addr);
     delete h;
   });
 }
 
-std::shared_ptr<const void> BlockCache::OpenForRead(const BlockAddr& addr, int* fd) {
+std::shared_ptr<const void> BlockCache::OpenForRead(const BlockAddr& addr, uint32_t segment,
+                                                    int* fd) {
   constexpr size_t kMaxOpenFiles = 1024;
-  auto key = std::make_tuple(addr.dataset_id, addr.version, addr.file_id);
+  const FileKey key = KeyOf(addr, segment);
   auto it = read_fds_.find(key);
   if (it != read_fds_.end()) {
     *fd = *static_cast<const int*>(it->second.get());
     return it->second;
   }
-  int f = open(FilePath(addr).c_str(), O_RDONLY | O_CLOEXEC);
+  int f = open(files_.FilePath(addr, segment).c_str(), O_RDONLY | O_CLOEXEC);
   if (f < 0) return nullptr;
   // No readahead: it would pull pages of other blocks into the page cache, unchecked, behind the
   // verification of what is served (block_cache.h). A block's first read reads all of it anyway.
@@ -81,7 +83,9 @@ std::shared_ptr<const void> BlockCache::OpenBacking(const BlockAddr& addr, int* 
   // files a fifth of their opens), kept like the daemon's read fds but with readahead on.
   constexpr size_t kMaxOpenFiles = 1024;
   absl::MutexLock lock(&mu_);
-  auto it = backing_fds_.find(KeyOf(addr));
+  auto b = blocks_.find(addr);
+  if (b != blocks_.end() && b->second.segment != 0) return nullptr;  // packed: no file of its own
+  auto it = backing_fds_.find(KeyOf(addr, 0));
   if (it != backing_fds_.end()) {
     *fd = *static_cast<const int*>(it->second.get());
     return it->second;
@@ -93,7 +97,7 @@ std::shared_ptr<const void> BlockCache::OpenBacking(const BlockAddr& addr, int* 
     delete static_cast<const int*>(p);
   });
   if (backing_fds_.size() >= kMaxOpenFiles) backing_fds_.erase(backing_fds_.begin());
-  backing_fds_.emplace(KeyOf(addr), holder);
+  backing_fds_.emplace(KeyOf(addr, 0), holder);
   *fd = f;
   return holder;
 }
@@ -103,7 +107,8 @@ void BlockCache::Release(const BlockAddr& addr) {
   auto it = blocks_.find(addr);
   if (it == blocks_.end()) return;
   if (--it->second.holds == 0 && it->second.doomed) {
-    OwnChangeLocked(addr, files_.PunchHole(addr, it->second.offset, it->second.length));
+    const uint32_t seg = it->second.segment;
+    OwnChangeLocked(addr, seg, files_.PunchHole(addr, seg, it->second.offset, it->second.length));
     used_ -= it->second.length;
     EraseLocked(it);
   }
@@ -113,40 +118,49 @@ void BlockCache::SetQuarantineListener(std::function<void(const BlockAddr&)> lis
   quarantine_listener_ = std::move(listener);
 }
 
-bool BlockCache::StampAgreesLocked(const BlockAddr& addr, uint64_t stamp) {
+bool BlockCache::StampAgreesLocked(const BlockAddr& addr, uint32_t segment, uint64_t stamp) {
   if (stamp == 0) return false;
-  auto [it, fresh] = files_state_.emplace(KeyOf(addr), FileState{stamp, 0});
+  auto [it, fresh] = files_state_.emplace(KeyOf(addr, segment), FileState{stamp, 0});
   FileState& f = it->second;
   if (fresh || f.stamp == stamp) return !fresh;        // first sight: a baseline, nothing known yet
   if (stamp < f.stamp || f.writers > 0) return false;  // an older look, or our write under way
   // Newer than the agent's own last change: someone else wrote the file. Nothing of it is known.
   f.stamp = stamp;
   uint64_t cleared = 0;
-  const BlockAddr first{addr.dataset_id, addr.version, addr.file_id, 0};
-  for (auto b = blocks_.lower_bound(first); b != blocks_.end() && KeyOf(b->first) == KeyOf(addr);
-       ++b) {
-    cleared += b->second.checked || b->second.verified;
-    b->second.checked = b->second.verified = false;
+  auto clear = [&](Entry& e) {
+    cleared += e.checked || e.verified;
+    e.checked = e.verified = false;
+  };
+  if (segment != 0) {
+    for (auto& [a, e] : blocks_) {  // rare: a walk of everything beats an index per segment
+      if (e.segment == segment) clear(e);
+    }
+  } else {
+    const BlockAddr first{addr.dataset_id, addr.version, addr.file_id, 0};
+    for (auto b = blocks_.lower_bound(first);
+         b != blocks_.end() && KeyOf(b->first, 0) == KeyOf(addr, 0); ++b) {
+      if (b->second.segment == 0) clear(b->second);
+    }
   }
   foreign_changes_++;
   spdlog::warn(
       "cache: {} was changed by someone else; its {} block(s) are checked again before "
       "they are served",
-      FilePath(addr), cleared);
+      files_.FilePath(addr, segment), cleared);
   return false;
 }
 
-void BlockCache::OwnChangeLocked(const BlockAddr& addr, uint64_t stamp) {
+void BlockCache::OwnChangeLocked(const BlockAddr& addr, uint32_t segment, uint64_t stamp) {
   if (stamp == 0) return;
-  FileState& f = files_state_[KeyOf(addr)];
+  FileState& f = files_state_[KeyOf(addr, segment)];
   f.stamp = std::max(f.stamp, stamp);
 }
 
 void BlockCache::ForgetPageChecks(const BlockAddr& addr) {
   absl::MutexLock lock(&mu_);
   const BlockAddr first{addr.dataset_id, addr.version, addr.file_id, 0};
-  for (auto b = blocks_.lower_bound(first); b != blocks_.end() && KeyOf(b->first) == KeyOf(addr);
-       ++b) {
+  for (auto b = blocks_.lower_bound(first);
+       b != blocks_.end() && KeyOf(b->first, 0) == KeyOf(addr, 0); ++b) {
     b->second.verified = false;
   }
 }
@@ -155,7 +169,7 @@ bool BlockCache::AllChecked(const std::vector<std::shared_ptr<const BlockHold>>&
   if (holds.empty()) return false;
   const uint64_t stamp = ChangeStamp(holds.front()->fd);
   absl::MutexLock lock(&mu_);
-  if (!StampAgreesLocked(holds.front()->addr, stamp)) return false;
+  if (!StampAgreesLocked(holds.front()->addr, holds.front()->segment, stamp)) return false;
   for (const auto& h : holds) {
     auto it = blocks_.find(h->addr);
     if (it == blocks_.end() || it->second.generation != h->generation || it->second.doomed ||
@@ -195,7 +209,8 @@ void BlockCache::RemoveLocked(Blocks::iterator it, bool evicted) {
     it->second.doomed = true;  // punched by the last Release
     return;
   }
-  OwnChangeLocked(addr, files_.PunchHole(addr, it->second.offset, it->second.length));
+  const uint32_t seg = it->second.segment;
+  OwnChangeLocked(addr, seg, files_.PunchHole(addr, seg, it->second.offset, it->second.length));
   used_ -= it->second.length;
   EraseLocked(it);
 }
@@ -216,14 +231,36 @@ void BlockCache::LruUnlink(Node* n) {
 
 void BlockCache::EraseLocked(Blocks::iterator it) {
   const BlockAddr addr = it->first;
+  const uint32_t segment = it->second.segment;
   LruUnlink(&*it);
   blocks_.erase(it);
+  if (segment != 0) {
+    SegmentLostLocked(segment);
+    return;
+  }
   // The file's state goes with its last block (unless a write of it is under way).
   auto next = blocks_.lower_bound(BlockAddr{addr.dataset_id, addr.version, addr.file_id, 0});
-  if (next == blocks_.end() || KeyOf(next->first) != KeyOf(addr)) {
-    auto f = files_state_.find(KeyOf(addr));
+  if (next == blocks_.end() || KeyOf(next->first, 0) != KeyOf(addr, 0)) {
+    auto f = files_state_.find(KeyOf(addr, 0));
     if (f != files_state_.end() && f->second.writers == 0) files_state_.erase(f);
   }
+}
+
+void BlockCache::SegmentLostLocked(uint32_t segment) {
+  auto n = segment_objects_.find(segment);
+  if (n == segment_objects_.end() || --n->second > 0) return;
+  if (!files_.RemoveSegment(segment)) return;  // the active one: looked at when appends move on
+  segment_objects_.erase(n);
+  const FileKey key = KeyOf({}, segment);
+  read_fds_.erase(key);
+  auto f = files_state_.find(key);
+  if (f != files_state_.end() && f->second.writers == 0) files_state_.erase(f);
+}
+
+std::string BlockCache::PathOf(const BlockAddr& addr) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(addr);
+  return it == blocks_.end() ? std::string() : files_.FilePath(addr, it->second.segment);
 }
 
 bool BlockCache::Drop(const BlockAddr& addr, uint64_t generation) {
@@ -266,12 +303,28 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
                                             uint64_t checksum) {
   const uint32_t len = static_cast<uint32_t>(data.size());
   bool revive = false;  // rewriting a quarantined copy that is still held
+  // A small file's only block goes into a segment: claim its place first (a place left unused
+  // is a hole in the segment, no space).
+  CacheFiles::SmallSlot slot;
+  const bool small =
+      offset == 0 && len > 0 && len == file_size && file_size <= options_.small_file_max;
+  if (small) {
+    if (int err = files_.ClaimSmall(len, &slot); err != 0) {
+      spdlog::error("cache: cannot start a segment under {}: {}", options_.dir, strerror(err));
+      absl::MutexLock lock(&mu_);
+      not_admitted_++;
+      return err == ENOSPC || err == EDQUOT ? InsertResult::kNoSpace : InsertResult::kError;
+    }
+  }
+  const uint32_t segment = slot.segment;
+  const uint64_t where = small ? slot.offset : offset;
   {
     absl::MutexLock lock(&mu_);
     auto existing = blocks_.find(addr);
     if (existing != blocks_.end()) {
       Entry& e = existing->second;
-      if (!e.doomed || e.writing || e.holds == 0 || e.length != len || e.offset != offset) {
+      if (!e.doomed || e.writing || e.holds == 0 || e.length != len || e.offset != offset ||
+          e.segment != 0 || small) {
         return e.writing || e.doomed ? InsertResult::kNotAdmitted : InsertResult::kStored;
       }
       // Held (a passthrough open reads this file): write the good bytes in place, under the
@@ -289,26 +342,40 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
       Entry e;
       e.writing = true;
       e.checksum = checksum;
-      e.offset = offset;
+      e.offset = where;
       e.length = len;
+      e.segment = segment;
       e.generation = next_generation_++;
       LruPushFront(&*blocks_.emplace(addr, e).first);
       used_ += len;
+      if (segment != 0) {
+        segment_objects_[segment]++;
+        if (last_active_segment_ != segment) {
+          // Appends moved on: the segment before may have emptied while it was active.
+          const uint32_t before = last_active_segment_;
+          last_active_segment_ = segment;
+          if (before != 0 && segment_objects_.contains(before)) {
+            segment_objects_[before]++;
+            SegmentLostLocked(before);
+          }
+        }
+      }
     }
-    files_state_[KeyOf(addr)].writers++;
+    files_state_[KeyOf(addr, segment)].writers++;
   }
 
   // Write the bytes outside the lock, then commit through the index.
   uint64_t stamp = 0;
-  int err = files_.WriteBlock(addr, file_size, offset, data, &stamp);
+  int err = small ? files_.WriteSmall(slot, data, &stamp)
+                  : files_.WriteBlock(addr, file_size, offset, data, &stamp);
   absl::Status indexed = absl::OkStatus();
   if (err == 0) {
-    indexed = index_->Put({addr, checksum, offset, len, 0});
+    indexed = index_->Put({addr, checksum, where, len, 0, segment});
     if (!indexed.ok()) err = EIO;
   }
 
   absl::MutexLock lock(&mu_);
-  FileState& file = files_state_[KeyOf(addr)];
+  FileState& file = files_state_[KeyOf(addr, segment)];
   file.writers--;
   if (stamp != 0) file.stamp = std::max(file.stamp, stamp);
   auto it = blocks_.find(addr);
@@ -333,7 +400,7 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
       }
       return InsertResult::kNoSpace;
     }
-    spdlog::error("cache: cannot write block to {}: {}", FilePath(addr),
+    spdlog::error("cache: cannot write block to {}: {}", files_.FilePath(addr, segment),
                   indexed.ok() ? strerror(err) : std::string(indexed.message()));
     return InsertResult::kError;
   }
@@ -365,7 +432,8 @@ bool BlockCache::SetPin(const BlockAddr& addr, int64_t until_unix_ms) {
   Entry& e = it->second;
   if (e.pinned_until_ms == until_unix_ms) return true;
   e.pinned_until_ms = until_unix_ms;
-  if (absl::Status st = index_->Put({addr, e.checksum, e.offset, e.length, until_unix_ms});
+  if (absl::Status st =
+          index_->Put({addr, e.checksum, e.offset, e.length, until_unix_ms, e.segment});
       !st.ok()) {
     // Held in memory for this agent's lifetime; a restart forgets the pin.
     spdlog::warn("cache: cannot store the pin of block {}/{}/{}/{}: {}", addr.dataset_id,

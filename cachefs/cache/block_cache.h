@@ -12,10 +12,12 @@
 // Layout: one sparse file per dataset file and version, `DIR/blocks/<dataset>/<version>/<file>`,
 // with each block written in place at its natural offset. So a fully resident file is a plain
 // copy of the original (the kernel can read it directly later), and any block can be sent to a
-// peer by offset. A small RocksDB index (`DIR/index`) records every resident block with its
-// XXH3-64 checksum; it is the commit point: a block is resident only once its index record is
-// written after its bytes, so a crash mid-write leaves no half block behind. Evicted blocks are
-// freed with fallocate(PUNCH_HOLE).
+// peer by offset. Small files (at most `small_file_max` bytes, one block) are packed into
+// segments instead (cache_files.h): no cache file per small file. They are not offered for
+// passthrough (the mount's page cache serves them; nothing to set up per open). A small RocksDB
+// index (`DIR/index`) records every resident block with its XXH3-64 checksum; it is the commit
+// point: a block is resident only once its index record is written after its bytes, so a crash
+// mid-write leaves no half block behind. Evicted blocks are freed with fallocate(PUNCH_HOLE).
 //
 // Holds and pins are different things. A hold (BlockHold, from Acquire) keeps one block's bytes
 // and fd valid while a reply, a peer transfer or a passthrough open uses them: a held block is
@@ -78,6 +80,7 @@ struct BlockHold {
   bool checked = false;              // bytes checked since this agent started (see above)
   uint64_t generation = 0;           // which stored copy of the block this is
   std::shared_ptr<const void> file;  // keeps fd open (shared with other holds of the file)
+  uint32_t segment = 0;              // the small-object segment holding it; 0: its own file
 };
 using BlockHoldPtr = std::shared_ptr<const BlockHold>;
 
@@ -92,6 +95,8 @@ class BlockCache {
     // dirty pages on the fill path; the bytes reach the page cache when first read. Falls back
     // to buffered writes where the file system refuses O_DIRECT.
     bool direct_writes = true;
+    // Files of at most this many bytes (a single block) are packed into segments; 0: none.
+    uint64_t small_file_max = 0;
   };
 
   // Opens (or creates) the cache and loads its index (recovery.cc). Blocks whose cache file is
@@ -183,7 +188,10 @@ class BlockCache {
       const std::function<void(uint32_t dataset_id, uint32_t version, uint64_t file_id,
                                const std::string& bitmap)>& fn);
 
+  // The per-file cache file of addr's file (whether or not the block is there).
   std::string FilePath(const BlockAddr& addr) const { return files_.FilePath(addr); }
+  // Where a resident block's bytes are: its file's cache file or its segment ("" if absent).
+  std::string PathOf(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reads every resident block back and checks it against its index record (an offline check:
   // `ember cache verify`; verify.cc). With repair, damaged blocks are dropped (refetched on the
@@ -213,6 +221,7 @@ class BlockCache {
     bool checked = false;   // the bytes were checked since this agent started
     bool writing = false;   // bytes being written, not yet resident
     bool doomed = false;    // dropped while held
+    uint32_t segment = 0;   // the small-object segment holding it; 0: its file's cache file
   };
 
   explicit BlockCache(const Options& options);
@@ -222,7 +231,7 @@ class BlockCache {
   void ShrinkToCapacity() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A read-only fd of the block's cache file, kept open across reads so the hot path does not
   // open and close the file per request. Returns: nullptr if it cannot be opened.
-  std::shared_ptr<const void> OpenForRead(const BlockAddr& addr, int* fd)
+  std::shared_ptr<const void> OpenForRead(const BlockAddr& addr, uint32_t segment, int* fd)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The end of a hold (the deleter of BlockHoldPtr).
   void Release(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -233,13 +242,25 @@ class BlockCache {
     uint64_t stamp = 0;
     uint32_t writers = 0;
   };
-  static FileKey KeyOf(const BlockAddr& a) { return {a.dataset_id, a.version, a.file_id}; }
+  // A segment's key: (kSegmentKey, 0, segment).
+  static constexpr uint32_t kSegmentKey = ~0u;
+  static FileKey KeyOf(const BlockAddr& a, uint32_t segment) {
+    if (segment != 0) return {kSegmentKey, 0, segment};
+    return {a.dataset_id, a.version, a.file_id};
+  }
   // Compares `stamp` (a ctime read now) with what the agent knows. Returns: true if they agree;
   // false if unknown or stale (nothing is trusted for this read), clearing the file's facts when
   // someone else changed it.
-  bool StampAgreesLocked(const BlockAddr& addr, uint64_t stamp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool StampAgreesLocked(const BlockAddr& addr, uint32_t segment, uint64_t stamp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the agent's own change of a file (its ctime after it).
-  void OwnChangeLocked(const BlockAddr& addr, uint64_t stamp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OwnChangeLocked(const BlockAddr& addr, uint32_t segment, uint64_t stamp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A segment lost an object: deleted once empty (the active one is kept; it is looked at again
+  // when appends move on).
+  void SegmentLostLocked(uint32_t segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes the segment files no record refers to (recovery.cc).
+  void RemoveDeadSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a held block's whole copy now and, if good, marks it checked (and verified, if the file
   // did not change meanwhile). Copies [pos, pos+len) to dst when dst is set.
   absl::Status VerifyNow(const BlockHold& hold, uint64_t before, uint64_t pos, size_t len,
@@ -276,11 +297,12 @@ class BlockCache {
   std::vector<BlockAddr> added_ ABSL_GUARDED_BY(mu_);
   std::vector<BlockAddr> removed_ ABSL_GUARDED_BY(mu_);
   std::map<FileKey, FileState> files_state_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, uint64_t> segment_objects_ ABSL_GUARDED_BY(mu_);  // segment -> live objects
+  uint32_t last_active_segment_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> corruptions_ ABSL_GUARDED_BY(mu_);  // the last 20
   // Open read-only fds by (dataset, version, file); cache files are never unlinked, only punched,
   // so an fd stays valid. Capped; holds keep their own reference when an entry is dropped.
-  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, std::shared_ptr<const void>> read_fds_
-      ABSL_GUARDED_BY(mu_);
+  std::map<FileKey, std::shared_ptr<const void>> read_fds_ ABSL_GUARDED_BY(mu_);
   // The same for passthrough backings: readahead on (the kernel reads them directly).
   std::map<FileKey, std::shared_ptr<const void>> backing_fds_ ABSL_GUARDED_BY(mu_);
 };

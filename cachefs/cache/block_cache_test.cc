@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "cachefs/cache/block_buffer.h"
@@ -472,6 +473,167 @@ TEST(BlockCachePinTest, PinnedBlocksSurvivePressureUntilExpiry) {
   }
   EXPECT_FALSE(cache->Resident({1, 1, 1, 0}));
   EXPECT_FALSE(cache->Resident({1, 1, 1, 1}));
+}
+
+}  // namespace
+}  // namespace ember::cachefs
+
+namespace ember::cachefs {
+namespace {
+
+std::unique_ptr<BlockCache> OpenPacking(const std::string& dir, uint64_t capacity,
+                                        uint64_t small_max) {
+  BlockCache::Options o;
+  o.dir = dir;
+  o.capacity_bytes = capacity;
+  o.expected_block_size = kBlock;
+  o.small_file_max = small_max;
+  auto c = BlockCache::Open(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+std::string Bytes(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& c : s) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  return s;
+}
+
+size_t CountFiles(const std::string& dir) {
+  size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    n += e.is_regular_file();
+  }
+  return n;
+}
+
+// Small files go into segments, packed end to end: no cache file each, their holds point into
+// the segment, their bytes read back checked, and all of it survives a restart. A file over the
+// limit keeps its own cache file.
+TEST(SegmentTest, SmallFilesArePackedAndSurviveARestart) {
+  testing::TempDir dir;
+  std::vector<std::string> data;
+  {
+    auto cache = OpenPacking(dir.path(), 1ull << 30, 16 << 10);
+    for (uint64_t f = 1; f <= 300; f++) {
+      data.push_back(Bytes(1000 + f * 37 % 3000, f));
+      const std::string& d = data.back();
+      ASSERT_EQ(cache->Insert({1, 1, f, 0}, d.size(), 0, d, BlockChecksum(d.data(), d.size())),
+                BlockCache::InsertResult::kStored);
+    }
+    const std::string big = Bytes(20 << 10, 999);
+    ASSERT_EQ(
+        cache->Insert({1, 1, 1000, 0}, big.size(), 0, big, BlockChecksum(big.data(), big.size())),
+        BlockCache::InsertResult::kStored);
+    EXPECT_EQ(CountFiles(dir.Sub("segments")), 1u);
+    EXPECT_EQ(CountFiles(dir.Sub("blocks")), 1u);  // the big one only
+    auto h = cache->Acquire({1, 1, 7, 0});
+    ASSERT_TRUE(h);
+    EXPECT_NE(h->segment, 0u);
+    EXPECT_EQ(ReadHold(*h), data[6]);
+    int backing_fd = -1;
+    EXPECT_FALSE(cache->OpenBacking({1, 1, 7, 0}, &backing_fd));  // no passthrough for these
+    auto hb = cache->Acquire({1, 1, 1000, 0});
+    ASSERT_TRUE(hb);
+    EXPECT_EQ(hb->segment, 0u);
+  }
+  auto cache = OpenPacking(dir.path(), 1ull << 30, 16 << 10);
+  EXPECT_EQ(cache->GetStats().resident_blocks, 301u);
+  for (uint64_t f = 1; f <= 300; f++) {
+    auto h = cache->Acquire({1, 1, f, 0});
+    ASSERT_TRUE(h) << f;
+    std::string got(h->length, '\0');
+    ASSERT_TRUE(cache->ReadVerified(*h, h->offset, h->length, got.data()).ok()) << f;
+    EXPECT_EQ(got, data[f - 1]) << f;
+  }
+  // Appends after a restart go to a new segment.
+  const std::string d = Bytes(500, 5);
+  ASSERT_EQ(cache->Insert({1, 1, 5000, 0}, d.size(), 0, d, BlockChecksum(d.data(), d.size())),
+            BlockCache::InsertResult::kStored);
+  EXPECT_EQ(CountFiles(dir.Sub("segments")), 2u);
+}
+
+// A byte flipped in one packed object is caught when it is read (quarantined, gone from the
+// index) and its neighbours in the segment still read good.
+TEST(SegmentTest, ACorruptObjectIsQuarantinedAndItsNeighboursStayGood) {
+  testing::TempDir dir;
+  auto cache = OpenPacking(dir.path(), 1ull << 30, 16 << 10);
+  std::vector<std::string> data;
+  for (uint64_t f = 1; f <= 3; f++) {
+    data.push_back(Bytes(3000, f));
+    ASSERT_EQ(
+        cache->Insert({1, 1, f, 0}, 3000, 0, data.back(), BlockChecksum(data.back().data(), 3000)),
+        BlockCache::InsertResult::kStored);
+  }
+  uint64_t offset;
+  std::string path;
+  {
+    auto h = cache->Acquire({1, 1, 2, 0});
+    ASSERT_TRUE(h);
+    offset = h->offset;
+    path = cache->PathOf({1, 1, 2, 0});
+  }
+  int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char c;
+  ASSERT_EQ(pread(fd, &c, 1, static_cast<off_t>(offset + 100)), 1);
+  c = static_cast<char>(c ^ 1);
+  ASSERT_EQ(pwrite(fd, &c, 1, static_cast<off_t>(offset + 100)), 1);
+  close(fd);
+  for (uint64_t f : {1, 2, 3}) {
+    auto h = cache->Acquire({1, 1, f, 0});
+    ASSERT_TRUE(h);
+    std::string got(h->length, '\0');
+    absl::Status st = cache->ReadVerified(*h, h->offset, h->length, got.data());
+    if (f == 2) {
+      EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+    } else {
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_EQ(got, data[f - 1]);
+    }
+  }
+  EXPECT_FALSE(cache->Resident({1, 1, 2, 0}));
+  EXPECT_EQ(cache->GetStats().checksum_failures, 1u);
+  // The scrubber reads packed objects from the disk too (unaligned, past the page cache).
+  EXPECT_EQ(cache->ScrubBlock({1, 1, 3, 0}), BlockCache::ScrubResult::kGood);
+}
+
+// Objects that leave free their space (punched), a segment nothing lives in is deleted once
+// appends have moved past it, and one left behind by a crash is deleted at the next start.
+TEST(SegmentTest, EmptySegmentsAreDeleted) {
+  testing::TempDir dir;
+  const size_t kObj = 256 << 10;
+  const uint64_t per_segment = CacheFiles::kSegmentBytes / kObj;
+  {
+    auto cache = OpenPacking(dir.path(), 1ull << 30, kObj);
+    const std::string d = Bytes(kObj, 1);
+    const uint64_t sum = BlockChecksum(d.data(), d.size());
+    for (uint64_t f = 1; f <= per_segment + 2; f++) {
+      ASSERT_EQ(cache->Insert({1, 1, f, 0}, kObj, 0, d, sum), BlockCache::InsertResult::kStored);
+    }
+    EXPECT_EQ(CountFiles(dir.Sub("segments")), 2u);
+    const std::string first = cache->PathOf({1, 1, 1, 0});
+    for (uint64_t f = 2; f <= per_segment; f++) ASSERT_TRUE(cache->Drop({1, 1, f, 0}));
+    struct stat st;
+    ASSERT_EQ(stat(first.c_str(), &st), 0);
+    EXPECT_LT(st.st_blocks * 512, 2 * kObj);  // punched: only object 1's pages stay allocated
+    ASSERT_TRUE(cache->Drop({1, 1, 1, 0}));
+    EXPECT_NE(stat(first.c_str(), &st), 0);  // empty and not active: deleted
+    EXPECT_EQ(CountFiles(dir.Sub("segments")), 1u);
+    // The active segment emptied stays (appends go on into it) ...
+    for (uint64_t f = per_segment + 1; f <= per_segment + 2; f++) {
+      ASSERT_TRUE(cache->Drop({1, 1, f, 0}));
+    }
+    EXPECT_EQ(CountFiles(dir.Sub("segments")), 1u);
+  }
+  // ... and goes at the next start, nothing in the index referring to it.
+  auto cache = OpenPacking(dir.path(), 1ull << 30, kObj);
+  EXPECT_EQ(CountFiles(dir.Sub("segments")), 0u);
 }
 
 }  // namespace

@@ -27,16 +27,19 @@ std::string EncodeIndexKey(const BlockAddr& a) {
 
 std::string EncodeIndexValue(const IndexRecord& r) {
   std::string v;
-  v.reserve(28);
+  v.reserve(32);
   PutBe(&v, r.checksum, 8);
   PutBe(&v, r.offset, 8);
   PutBe(&v, r.length, 4);
   PutBe(&v, static_cast<uint64_t>(r.pinned_until_ms), 8);
+  PutBe(&v, r.segment, 4);
   return v;
 }
 
 std::optional<IndexRecord> DecodeIndexRecord(std::string_view key, std::string_view value) {
-  if (key.size() != 24 || (value.size() != 20 && value.size() != 28)) return std::nullopt;
+  if (key.size() != 24 || (value.size() != 20 && value.size() != 28 && value.size() != 32)) {
+    return std::nullopt;
+  }
   IndexRecord r;
   const char* k = key.data();
   r.addr = BlockAddr{static_cast<uint32_t>(GetBe(k, 4)), static_cast<uint32_t>(GetBe(k + 4, 4)),
@@ -45,8 +48,14 @@ std::optional<IndexRecord> DecodeIndexRecord(std::string_view key, std::string_v
   r.checksum = GetBe(v, 8);
   r.offset = GetBe(v + 8, 8);
   r.length = static_cast<uint32_t>(GetBe(v + 16, 4));
-  if (value.size() == 28) r.pinned_until_ms = static_cast<int64_t>(GetBe(v + 20, 8));
+  if (value.size() >= 28) r.pinned_until_ms = static_cast<int64_t>(GetBe(v + 20, 8));
+  if (value.size() == 32) r.segment = static_cast<uint32_t>(GetBe(v + 28, 4));
   if (r.addr.file_id == 0 || r.length == 0 || r.length > kMaxBlockSize) return std::nullopt;
+  if (r.segment != 0) {
+    // A small file's only block, anywhere in its segment.
+    if (r.addr.index != 0 || r.offset > (1ull << 40)) return std::nullopt;
+    return r;
+  }
   // Blocks sit at index * block size; the last block of a file may be shorter, so the offset
   // must be a multiple of some block size >= length: at least check it cannot overflow and
   // that block 0 sits at 0.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cachefs/cache/block_cache.h"
 #include "common/units.h"
@@ -49,6 +50,7 @@ absl::StatusOr<std::unique_ptr<BlockCache>> BlockCache::Open(const Options& opti
           forgotten);
     }
     cache->ShrinkToCapacity();
+    cache->RemoveDeadSegments();
     spdlog::info("cache: {} resident blocks, {} of {} bytes used, in {}", cache->blocks_.size(),
                  cache->used_, options.capacity_bytes, options.dir);
   }
@@ -61,7 +63,7 @@ size_t BlockCache::LoadIndex() {
   return index_->Load([&](const IndexRecord& rec) {
     mu_.AssertHeld();  // called back from within Load, under the caller's lock
     const BlockAddr a = rec.addr;
-    const std::string path = FilePath(a);
+    const std::string path = files_.FilePath(a, rec.segment);
     auto size = file_sizes.find(path);
     if (size == file_sizes.end()) {
       struct stat st;
@@ -73,6 +75,8 @@ size_t BlockCache::LoadIndex() {
     e.offset = rec.offset;
     e.length = rec.length;
     e.pinned_until_ms = rec.pinned_until_ms;
+    e.segment = rec.segment;
+    if (e.segment != 0) segment_objects_[e.segment]++;
     e.generation = next_generation_++;
     used_ += e.length;
     auto [node, inserted] = blocks_.emplace(a, e);
@@ -83,6 +87,16 @@ size_t BlockCache::LoadIndex() {
     lru_back_ = n;
     return true;
   });
+}
+
+void BlockCache::RemoveDeadSegments() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(options_.dir + "/segments", ec)) {
+    uint32_t n = 0;
+    if (absl::SimpleAtoi(e.path().filename().string(), &n) && !segment_objects_.contains(n)) {
+      std::filesystem::remove(e.path(), ec);  // nothing in it is in the index
+    }
+  }
 }
 
 void BlockCache::ShrinkToCapacity() {

@@ -31,7 +31,8 @@ absl::Status BlockCache::ReadVerified(const BlockHold& hold, uint64_t pos, size_
       absl::MutexLock lock(&mu_);
       auto it = blocks_.find(hold.addr);
       verified = it != blocks_.end() && it->second.generation == hold.generation &&
-                 !it->second.doomed && StampAgreesLocked(hold.addr, before) && it->second.verified;
+                 !it->second.doomed && StampAgreesLocked(hold.addr, hold.segment, before) &&
+                 it->second.verified;
     }
     // A checked copy still wholly in the page cache, and nobody wrote the file meanwhile (a
     // write changes the ctime before it changes the bytes).
@@ -41,8 +42,8 @@ absl::Status BlockCache::ReadVerified(const BlockHold& hold, uint64_t pos, size_
     absl::Status st = VerifyNow(hold, before, pos, len, dst);
     if (!absl::IsAborted(st)) return st;
   }
-  return absl::UnavailableError(
-      absl::StrCat("cache file ", FilePath(hold.addr), " kept changing while it was read"));
+  return absl::UnavailableError(absl::StrCat(
+      "cache file ", files_.FilePath(hold.addr, hold.segment), " kept changing while it was read"));
 }
 
 absl::Status BlockCache::PrepareSend(const BlockHold& hold) {
@@ -54,7 +55,7 @@ absl::Status BlockCache::PrepareSend(const BlockHold& hold) {
       if (it == blocks_.end() || it->second.generation != hold.generation || it->second.doomed) {
         return absl::DataLossError("the block left the cache");
       }
-      if (StampAgreesLocked(hold.addr, before) && it->second.checked) {
+      if (StampAgreesLocked(hold.addr, hold.segment, before) && it->second.checked) {
         if (it->second.verified && !PagesCached(hold.fd, hold.offset, hold.length)) {
           it->second.verified = false;  // the send brings pages from the disk, unchecked
         }
@@ -64,8 +65,8 @@ absl::Status BlockCache::PrepareSend(const BlockHold& hold) {
     absl::Status st = VerifyNow(hold, before, 0, 0, nullptr);
     if (!absl::IsAborted(st)) return st;
   }
-  return absl::UnavailableError(
-      absl::StrCat("cache file ", FilePath(hold.addr), " kept changing while it was read"));
+  return absl::UnavailableError(absl::StrCat(
+      "cache file ", files_.FilePath(hold.addr, hold.segment), " kept changing while it was read"));
 }
 
 absl::Status BlockCache::VerifyNow(const BlockHold& hold, uint64_t before, uint64_t pos, size_t len,
@@ -81,14 +82,15 @@ absl::Status BlockCache::VerifyNow(const BlockHold& hold, uint64_t before, uint6
     Quarantine(hold.addr, hold.generation,
                read ? "its bytes do not match its checksum" : "it cannot be read");
     return absl::DataLossError(absl::StrCat("block ", hold.addr.index, " of cache file ",
-                                            FilePath(hold.addr), " was bad; quarantined"));
+                                            files_.FilePath(hold.addr, hold.segment),
+                                            " was bad; quarantined"));
   }
   verifications_++;
   {
     absl::MutexLock lock(&mu_);
     auto it = blocks_.find(hold.addr);
     if (it != blocks_.end() && it->second.generation == hold.generation && !it->second.doomed &&
-        after == before && StampAgreesLocked(hold.addr, after)) {
+        after == before && StampAgreesLocked(hold.addr, hold.segment, after)) {
       it->second.checked = true;
       it->second.verified = true;  // its pages are in the page cache now, just checked
     }
@@ -103,13 +105,14 @@ BlockCache::ScrubResult BlockCache::ScrubBlock(const BlockAddr& addr) {
   const uint64_t before = ChangeStamp(hold->fd);
   BlockBuffer buf((hold->length + BlockBuffer::kAlign - 1) / BlockBuffer::kAlign *
                   BlockBuffer::kAlign);
-  const bool read = files_.ReadFromDisk(addr, hold->offset, hold->length, buf.data());
+  const bool read =
+      files_.ReadFromDisk(addr, hold->segment, hold->offset, hold->length, buf.data());
   const uint64_t after = ChangeStamp(hold->fd);
   if (read && BlockChecksum(buf.data(), hold->length) == hold->checksum) {
     absl::MutexLock lock(&mu_);
     auto it = blocks_.find(addr);
     if (it != blocks_.end() && it->second.generation == hold->generation && !it->second.doomed &&
-        after == before && StampAgreesLocked(addr, after)) {
+        after == before && StampAgreesLocked(addr, hold->segment, after)) {
       it->second.checked = true;
     }
     return ScrubResult::kGood;
@@ -130,7 +133,8 @@ bool BlockCache::Quarantine(const BlockAddr& addr, uint64_t generation, const st
     if (generation != 0 && it->second.generation != generation) return false;
     const std::string when =
         absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(), absl::UTCTimeZone());
-    event = absl::StrCat(when, " block ", addr.index, " of ", FilePath(addr), ": ", why);
+    event = absl::StrCat(when, " block ", addr.index, " of ",
+                         files_.FilePath(addr, it->second.segment), ": ", why);
     corruptions_.push_back(event);
     if (corruptions_.size() > kRecentCorruptions) corruptions_.erase(corruptions_.begin());
     RemoveLocked(it, false);  // out of the index and of meta's view; punched once unheld
@@ -147,19 +151,20 @@ BlockCache::VerifyReport BlockCache::VerifyAll(
     BlockAddr addr;
     uint64_t offset, checksum, generation;
     uint32_t length;
+    uint32_t segment;
   };
   std::vector<Item> items;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [a, e] : blocks_) {
       if (!e.writing && !e.doomed)
-        items.push_back({a, e.offset, e.checksum, e.generation, e.length});
+        items.push_back({a, e.offset, e.checksum, e.generation, e.length, e.segment});
     }
   }
   VerifyReport r;
   std::string buf;
   for (const Item& it : items) {
-    std::string path = FilePath(it.addr);
+    std::string path = files_.FilePath(it.addr, it.segment);
     buf.resize(it.length);
     bool good = false;
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -98,7 +98,8 @@ absl::StatusOr<ReadResult> ReadPath::ReadBlocks(const FileRef& file, uint64_t of
       }
       // Cached: checked into the reply buffer, at this piece's place in the reply.
       char* dst = buf + (from - offset);
-      absl::Status st = cache_->ReadVerified(*block->hold, from, seg.len, dst);
+      absl::Status st = cache_->ReadVerified(
+          *block->hold, block->hold->offset + (from - block_start), seg.len, dst);
       if (st.ok()) {
         if (!block->filled) bytes_cache_ += seg.len;
         seg.data = dst;
@@ -179,6 +180,10 @@ absl::StatusOr<FileSystem::Backing> ReadPath::HoldFile(const FileRef& file, bool
     auto h = cache_->Acquire(file.Block(i));
     if (!h) return absl::NotFoundError(absl::StrCat("block ", i, " is not resident"));
     hold->holds.push_back(std::move(h));
+  }
+  if (blocks == 1 && hold->holds.front()->segment != 0) {
+    // Packed into a segment: no file to hand the kernel; the mount's page cache serves it.
+    return absl::NotFoundError("a small file packed into a segment");
   }
   if (verified_only && !cache_->AllChecked(hold->holds)) {
     // Not checked since the agent started (or changed since): this open is served by the

@@ -160,6 +160,26 @@ void WriteRandomFile(const std::string& path, size_t size, uint64_t seed) {
   }
 }
 
+std::vector<CachedCopy> CachedCopiesOf(const std::string& cache_dir, const std::string& content) {
+  std::vector<CachedCopy> out;
+  std::error_code ec;
+  for (const char* sub : {"/blocks", "/segments"}) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(cache_dir + sub, ec)) {
+      if (!e.is_regular_file()) continue;
+      const std::string bytes = ReadFile(e.path().string());
+      if (std::string(sub) == "/blocks") {
+        if (bytes == content) out.push_back({e.path().string(), 0});
+        continue;
+      }
+      for (size_t at = bytes.find(content); at != std::string::npos;
+           at = bytes.find(content, at + 1)) {
+        out.push_back({e.path().string(), at});
+      }
+    }
+  }
+  return out;
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;

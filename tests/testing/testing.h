@@ -73,6 +73,14 @@ bool WaitFor(const std::function<bool()>& pred,
 // Writes `size` bytes of deterministic pseudo-random content (seeded) to path.
 void WriteRandomFile(const std::string& path, size_t size, uint64_t seed);
 std::string ReadFile(const std::string& path);
+// Where a node's cache holds a copy of `content` (a dataset file's bytes): its own cache file
+// under CACHE_DIR/blocks (at offset 0) or a place in a small-object segment under
+// CACHE_DIR/segments. For tests that damage cached copies the way a stray writer would.
+struct CachedCopy {
+  std::string path;
+  uint64_t offset = 0;
+};
+std::vector<CachedCopy> CachedCopiesOf(const std::string& cache_dir, const std::string& content);
 void WriteFile(const std::string& path, const std::string& data);
 // A small origin tree at `root` for walk tests, walked as "", a, a/b, a/b/f1 ("hello"), a-c,
 // a-c/f2 (1000 bytes), empty, link (-> a/b/f1); plus a fifo, which walks skip.
