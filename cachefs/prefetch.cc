@@ -19,6 +19,12 @@ constexpr auto kReportEvery = std::chrono::milliseconds(500);
 // Waiting blocks are located this many per call to meta, every kPollMin while blocks arrive,
 // backing off to kPollMax while none do.
 constexpr size_t kLocateBatch = 1024;
+// Blocks a prefetch worker has fetched whose cache writes it has not waited for yet.
+constexpr size_t kUnsettled = 64;
+// Located blocks a worker fetches at once (one pipelined request per holder), up to this many
+// bytes.
+constexpr size_t kPeerBatch = 64;
+constexpr uint64_t kPeerBatchBytes = 16u << 20;
 constexpr auto kWatchWait = std::chrono::milliseconds(5000);
 constexpr auto kPollMin = std::chrono::milliseconds(20);
 constexpr auto kPollMax = std::chrono::milliseconds(200);
@@ -257,49 +263,121 @@ void PrefetchRunner::Run(Running* r) {
     }
   }
 
+  // Accounts for one block, once it is resident (or failed). REQUIRES: mu.
+  auto account = [&](const Item& item, const absl::StatusOr<ReadPath::Source>& src) {
+    const Block& b = item.block;
+    const FileRef& ref = refs[b.file_id];
+    const uint64_t len = std::min(ref.block_size, ref.origin.size - b.index * ref.block_size);
+    if (!src.ok()) {
+      progress.set_blocks_failed(progress.blocks_failed() + 1);
+      if (static_cast<size_t>(progress.failures_size()) < kMaxFailures) {
+        progress.add_failures(
+            absl::StrCat(ref.origin.path, " (block ", b.index, "): ", src.status().message()));
+      }
+    } else {
+      if (*src == ReadPath::Source::kOrigin) {
+        progress.set_bytes_from_origin(progress.bytes_from_origin() + len);
+      } else if (*src == ReadPath::Source::kPeer) {
+        progress.set_bytes_from_peers(progress.bytes_from_peers() + len);
+      }
+      if (pin_until > NowUnixMs()) {
+        cache_->SetPin({ref.dataset_id, ref.version, ref.file_id, b.index}, pin_until);
+      }
+    }
+    progress.set_blocks_done(progress.blocks_done() + 1);
+    progress.set_bytes_done(progress.bytes_done() + len);
+    if (--left_in_file[b.file_id] == 0) progress.set_files_done(progress.files_done() + 1);
+    if (--left == 0) cv.SignalAll();
+  };
+  // Each worker keeps up to kUnsettled blocks' cache writes in flight (small blocks arrive faster
+  // than one write per worker could keep up with) and counts them once stored.
+  struct Pending {
+    Item item;
+    absl::StatusOr<ReadPath::Source> src;
+    std::shared_ptr<Fill> fill;
+  };
+  auto settle = [&](std::vector<Pending>& pending) {
+    for (Pending& p : pending) {
+      if (auto s = ReadPath::Settled(p.fill); !s.ok()) p.src = s;
+    }
+    absl::MutexLock lock(&mu);
+    for (Pending& p : pending) account(p.item, p.src);
+    pending.clear();
+  };
   auto worker = [&] {
+    std::vector<Pending> pending;
+    std::vector<Item> batch;
+    bool take_own = false;
     while (true) {
       Item item;
+      bool idle = false;
       {
         absl::MutexLock lock(&mu);
-        while (!r->cancel && left > 0 && own.empty() && located.empty()) {
+        // Nothing to fetch: settle what is in flight here (it counts in `left`), else wait.
+        while (!r->cancel && left > 0 && own.empty() && located.empty() && pending.empty()) {
           cv.WaitWithTimeout(&mu, absl::Milliseconds(100));
         }
         if (r->cancel || left == 0) return;
-        // Others' blocks first, while their holders still have them in memory.
-        std::deque<Item>& q = located.empty() ? own : located;
-        item = q.front();
-        q.pop_front();
+        idle = own.empty() && located.empty();
+        if (!idle) {
+          // Others' blocks (while their holders still have them in memory) and this node's own
+          // in turn: an owner that only served others would deliver nothing of its share for
+          // long enough to be taken for dead, and its blocks read from the origin twice.
+          take_own = !take_own;
+          if (own.empty() || (!located.empty() && !take_own)) {
+            // Located blocks go many at a time: one request per holder for all of them.
+            uint64_t bytes = 0;
+            while (!located.empty() && batch.size() < kPeerBatch && bytes < kPeerBatchBytes) {
+              batch.push_back(located.front());
+              bytes += refs[batch.back().block.file_id].block_size;
+              located.pop_front();
+            }
+          } else {
+            item = own.front();
+            own.pop_front();
+          }
+        }
+      }
+      if (idle) {
+        settle(pending);
+        continue;
+      }
+      if (!batch.empty()) {
+        std::vector<std::pair<const FileRef*, uint64_t>> blocks;
+        for (const Item& it : batch) blocks.push_back({&refs[it.block.file_id], it.block.index});
+        std::vector<ReadPath::Started> started = read_path_->StartFromPeers(blocks);
+        for (size_t i = 0; i < batch.size(); i++) {
+          if (started[i].fill != nullptr) {
+            pending.push_back({batch[i], std::move(started[i].src), std::move(started[i].fill)});
+            continue;
+          }
+          absl::MutexLock lock(&mu);
+          if (!started[i].src.ok() && absl::IsNotFound(started[i].src.status())) {
+            waiting.push_back(batch[i]);  // the peer meta named no longer has it: wait again
+          } else {
+            account(batch[i], started[i].src);
+          }
+        }
+        batch.clear();
+        if (pending.size() >= kUnsettled) settle(pending);
+        continue;
       }
       const Block& b = item.block;
       const FileRef& ref = refs[b.file_id];
-      auto src = read_path_->MakeResident(ref, b.index, item.route, before_origin);
-      uint64_t len = std::min(ref.block_size, ref.origin.size - b.index * ref.block_size);
-      absl::MutexLock lock(&mu);
+      std::shared_ptr<Fill> fill;
+      auto src = read_path_->StartResident(ref, b.index, item.route, before_origin, &fill);
       if (!src.ok() && absl::IsNotFound(src.status()) && item.route == FillRoute::kPeersOnly) {
+        absl::MutexLock lock(&mu);
         waiting.push_back(item);  // the peer meta named no longer has it: wait again
         continue;
       }
-      if (!src.ok()) {
-        progress.set_blocks_failed(progress.blocks_failed() + 1);
-        if (static_cast<size_t>(progress.failures_size()) < kMaxFailures) {
-          progress.add_failures(
-              absl::StrCat(ref.origin.path, " (block ", b.index, "): ", src.status().message()));
-        }
-      } else {
-        if (*src == ReadPath::Source::kOrigin) {
-          progress.set_bytes_from_origin(progress.bytes_from_origin() + len);
-        } else if (*src == ReadPath::Source::kPeer) {
-          progress.set_bytes_from_peers(progress.bytes_from_peers() + len);
-        }
-        if (pin_until > NowUnixMs()) {
-          cache_->SetPin({ref.dataset_id, ref.version, ref.file_id, b.index}, pin_until);
-        }
+      if (fill != nullptr) {
+        pending.push_back({item, std::move(src), std::move(fill)});
+        if (pending.size() >= kUnsettled) settle(pending);
+        continue;
       }
-      progress.set_blocks_done(progress.blocks_done() + 1);
-      progress.set_bytes_done(progress.bytes_done() + len);
-      if (--left_in_file[b.file_id] == 0) progress.set_files_done(progress.files_done() + 1);
-      if (--left == 0) cv.SignalAll();
+      absl::MutexLock lock(&mu);
+      account(item, src);
     }
   };
   std::vector<std::thread> workers;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -69,6 +70,15 @@ struct FetchInfo {
   std::optional<uint64_t> received_checksum;
 };
 
+// One block of a FetchMany: the first `length` bytes of block `addr` into buf.
+struct FetchPiece {
+  BlockAddr addr;
+  uint32_t length = 0;
+  char* buf = nullptr;
+  FetchInfo info;       // out
+  absl::Status status;  // out: as Fetch's
+};
+
 class BlockTransport {
  public:
   virtual ~BlockTransport() = default;
@@ -79,6 +89,12 @@ class BlockTransport {
   // Never waits longer than the connect timeout plus the I/O timeout per step.
   virtual absl::Status Fetch(const std::string& peer, const BlockAddr& addr, uint64_t offset,
                              uint32_t length, char* buf, FetchInfo* info) = 0;
+  // Many blocks from one peer (small files: one round trip for all instead of one each). Each
+  // piece gets its own status; a piece the peer does not hold costs the others nothing. TCP
+  // pipelines the requests on one connection; the default fetches them one by one.
+  virtual void FetchMany(const std::string& peer, std::span<FetchPiece> pieces) {
+    for (FetchPiece& p : pieces) p.status = Fetch(peer, p.addr, 0, p.length, p.buf, &p.info);
+  }
 };
 
 class BlockServer {

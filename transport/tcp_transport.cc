@@ -316,6 +316,30 @@ class TcpTransport final : public BlockTransport {
     return absl::UnavailableError(absl::StrCat("peer ", peer, ": connection lost"));
   }
 
+  void FetchMany(const std::string& peer, std::span<FetchPiece> pieces) override {
+    size_t done = 0;
+    absl::Status s;
+    for (int attempt = 0; attempt < 2 && done < pieces.size(); attempt++) {
+      bool pooled = false;
+      auto fd = Get(peer, &pooled, /*fresh=*/attempt == 1);
+      if (!fd.ok()) {
+        s = fd.status();
+        break;
+      }
+      size_t answered = 0;
+      s = FetchManyOn(*fd, peer, pieces.subspan(done), &answered);
+      done += answered;
+      if (s.ok()) {
+        Put(peer, *fd);  // every answer read: the connection is in step
+        return;
+      }
+      close(*fd);
+      // A pooled connection the peer closed while idle: once more on a fresh one.
+      if (!pooled || answered > 0 || !absl::IsUnavailable(s)) break;
+    }
+    for (size_t i = done; i < pieces.size(); i++) pieces[i].status = s;
+  }
+
  private:
   absl::StatusOr<int> Get(const std::string& peer, bool* pooled, bool fresh)
       ABSL_LOCKS_EXCLUDED(mu_) {
@@ -347,6 +371,53 @@ class TcpTransport final : public BlockTransport {
     } else {
       close(fd);
     }
+  }
+
+  // Sends every request at once, then reads the answers in order. `*answered`: the pieces whose
+  // answers were read (each with its status). Returns: an error that leaves the connection out
+  // of step (the rest of the pieces unanswered).
+  absl::Status FetchManyOn(int fd, const std::string& peer, std::span<FetchPiece> pieces,
+                           size_t* answered) {
+    *answered = 0;
+    std::string frames;
+    std::vector<uint64_t> ids;
+    ids.reserve(pieces.size());
+    for (const FetchPiece& p : pieces) {
+      if (p.length > kMaxLength) return absl::InvalidArgumentError("length over the limit");
+      ids.push_back(next_id_++);
+      frames += EncodeRequest(MakeRequest(ids.back(), p.addr, 0, p.length));
+    }
+    absl::Status s = WriteFull(fd, frames.data(), frames.size());
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+    std::string pf(kResponseSize, '\0');
+    for (size_t i = 0; i < pieces.size(); i++) {
+      FetchPiece& p = pieces[i];
+      s = ReadFull(fd, pf.data(), pf.size());
+      if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+      auto resp = DecodeResponse(pf);
+      if (!resp || resp->request_id != ids[i]) {
+        return absl::DataLossError(absl::StrCat("peer ", peer, ": malformed response"));
+      }
+      if (resp->status != WireStatus::kOk) {
+        p.status = FromWire(resp->status, peer);  // no body follows: still in step
+      } else if (resp->length != p.length) {
+        return absl::DataLossError(
+            absl::StrCat("peer ", peer, ": answered ", resp->length, " bytes for ", p.length));
+      } else {
+        BlockChecksummer sum;
+        s = ReadBulk(fd, p.buf, p.length, &sum);
+        if (!s.ok()) {
+          return absl::UnavailableError(
+              absl::StrCat("peer ", peer, ": short block: ", s.message()));
+        }
+        p.info.block_checksum = resp->block_checksum;
+        p.info.block_length = resp->block_length;
+        p.info.received_checksum = sum.Digest();
+        p.status = absl::OkStatus();
+      }
+      *answered = i + 1;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status FetchOn(int fd, const std::string& peer, const BlockAddr& addr, uint64_t offset,

@@ -124,6 +124,87 @@ TEST_F(TcpTransportTest, FetchesWholeAndPartialBlocks) {
       << server_->GetStats().bytes;
 }
 
+// Many small blocks in one round trip: every request goes out at once and the answers come back
+// in order, each with its own status; a block the peer lacks, or asked past its end, costs the
+// others nothing, and the connection stays in step for the next call.
+TEST_F(TcpTransportTest, FetchManyPipelinesRequestsEachWithItsOwnStatus) {
+  for (uint64_t i = 0; i < 300; i++) {
+    const uint64_t off = i * 3001;
+    source_->Add({2, 1, i, 0}, off, 2000 + i, BlockChecksum(data_.data() + off, 2000 + i));
+  }
+  auto client = NewTcpTransport(options_);
+  std::vector<std::string> bufs(302);
+  std::vector<FetchPiece> pieces(302);
+  for (uint64_t i = 0; i < 302; i++) {
+    bufs[i].assign(4000, '\0');
+    pieces[i].addr = {2, 1, i, 0};
+    pieces[i].length = i < 300 ? 2000 + i : 10;  // 300, 301: not held
+    pieces[i].buf = bufs[i].data();
+  }
+  pieces[100].length = 3000;  // past the end of block 100
+  client->FetchMany(peer_, pieces);
+  for (uint64_t i = 0; i < 302; i++) {
+    if (i == 100) {
+      EXPECT_EQ(pieces[i].status.code(), absl::StatusCode::kInvalidArgument);
+    } else if (i >= 300) {
+      EXPECT_EQ(pieces[i].status.code(), absl::StatusCode::kNotFound) << i;
+    } else {
+      ASSERT_TRUE(pieces[i].status.ok()) << i << ": " << pieces[i].status;
+      EXPECT_EQ(bufs[i].substr(0, 2000 + i), data_.substr(i * 3001, 2000 + i)) << i;
+      ASSERT_TRUE(pieces[i].info.received_checksum.has_value());
+      EXPECT_EQ(*pieces[i].info.received_checksum, pieces[i].info.block_checksum);
+    }
+  }
+  EXPECT_EQ(server_->GetStats().requests, 302u);
+  // The same pooled connection serves a plain fetch next.
+  ExpectServerStillServes();
+  // Nobody listening: every piece says so.
+  std::vector<FetchPiece> two(2);
+  two[0] = {.addr = {2, 1, 0, 0}, .length = 2000, .buf = bufs[0].data()};
+  two[1] = {.addr = {2, 1, 1, 0}, .length = 2001, .buf = bufs[1].data()};
+  client->FetchMany(absl::StrCat("127.0.0.1:", testing::FreePort()), two);
+  EXPECT_EQ(two[0].status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(two[1].status.code(), absl::StatusCode::kUnavailable);
+}
+
+// A peer that answers a pipelined batch with garbage: the pieces not yet answered fail, nothing
+// hangs, and no bytes are taken for a block.
+TEST_F(TcpTransportTest, FetchManyFromAPeerSendingGarbageFailsCleanly) {
+  int port = 0;
+  auto listener = ListenTcp("127.0.0.1:0", &port);
+  ASSERT_TRUE(listener.ok());
+  std::thread fake([&] {
+    int c = accept(*listener, nullptr, nullptr);
+    if (c < 0) return;
+    Hello h;
+    h.nonce.fill(7);
+    std::string hf = EncodeHello(h);
+    (void)WriteFull(c, hf.data(), hf.size());
+    std::string auth(kAuthSize, '\0');
+    (void)ReadFull(c, auth.data(), auth.size());
+    AuthReply ok;
+    std::string rf = EncodeAuthReply(ok);
+    (void)WriteFull(c, rf.data(), rf.size());
+    std::string junk(kResponseSize * 3, '\x5a');
+    (void)WriteFull(c, junk.data(), junk.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    close(c);
+  });
+  auto client = NewTcpTransport(options_);
+  std::vector<std::string> bufs(3, std::string(100, '\0'));
+  std::vector<FetchPiece> pieces(3);
+  for (uint64_t i = 0; i < 3; i++) {
+    pieces[i] = {.addr = {1, 1, i, 0}, .length = 100, .buf = bufs[i].data()};
+  }
+  client->FetchMany(absl::StrCat("127.0.0.1:", port), pieces);
+  fake.join();
+  close(*listener);
+  for (const FetchPiece& p : pieces) {
+    EXPECT_FALSE(p.status.ok());
+    EXPECT_FALSE(p.info.received_checksum.has_value());
+  }
+}
+
 // A source may hand over a block in memory (a block just filled): TCP sends it from there. What
 // arrives is hashed as received, so bytes that do not match the block's checksum show in
 // received_checksum for the caller to refuse.

@@ -19,6 +19,31 @@ absl::Status OriginChanged() {
 FillSources::FillSources(origin::Origin* origin, PeerFetcher* peers, ChecksumBook* checksums)
     : origin_(origin), peers_(peers), checksums_(checksums) {}
 
+std::vector<FillSources::Fetched> FillSources::FetchFromPeers(
+    const std::vector<std::pair<const FileRef*, uint64_t>>& blocks) {
+  std::vector<Fetched> out(blocks.size());
+  std::vector<PeerFetcher::Want> wants(blocks.size());
+  for (size_t i = 0; i < blocks.size(); i++) {
+    const auto& [file, index] = blocks[i];
+    const uint64_t offset = index * file->block_size;
+    const size_t len = static_cast<size_t>(std::min(file->block_size, file->origin.size - offset));
+    out[i].data = std::make_shared<BlockBuffer>(len);
+    wants[i] = {file->Block(index), static_cast<uint32_t>(len), out[i].data->data()};
+  }
+  if (peers_ != nullptr) peers_->FetchMany(wants);
+  for (size_t i = 0; i < blocks.size(); i++) {
+    if (wants[i].result.ok()) {
+      bytes_peers_ += wants[i].length;
+      out[i].from_peer = true;
+      out[i].checksum = *wants[i].result;
+    } else {
+      out[i].status = absl::NotFoundError("no peer holds the block yet");
+      out[i].data.reset();
+    }
+  }
+  return out;
+}
+
 FillSources::Fetched FillSources::Fetch(const FileRef& file, uint64_t index, FillRoute route,
                                         const std::function<void(uint64_t)>* before_origin) {
   const bool allow_origin = AllowsOrigin(route);

@@ -55,6 +55,11 @@ class FillSources {
   Fetched Fetch(const FileRef& file, uint64_t index, FillRoute route,
                 const std::function<void(uint64_t bytes)>* before_origin);
 
+  // Peer-only fetches of many blocks at once (PeerFetcher::FetchMany: one request per holder).
+  // Returns: per block of `blocks` ((file, index)), as Fetch with FillRoute::kPeersOnly.
+  std::vector<Fetched> FetchFromPeers(
+      const std::vector<std::pair<const FileRef*, uint64_t>>& blocks);
+
   uint64_t bytes_from_peers() const { return bytes_peers_; }
   uint64_t bytes_from_origin() const { return bytes_origin_; }
   uint64_t origin_block_reads() const { return origin_reads_; }

@@ -137,24 +137,7 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
   const std::optional<uint64_t> checksum = checksums_->Known(addr);
   if (l.holders.empty() || !checksum) return absl::NotFoundError("no peer holds the block");
 
-  // Nearest first, then least loaded by this node's own fetches in flight.
-  std::vector<Holder> order;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& h : l.holders) {
-      if (!SuspectLocked(h.id)) order.push_back(h);
-    }
-    auto rank = [&](const Holder& h) {
-      mu_.AssertHeld();
-      int near = (!options_.self_switch.empty() && h.sw == options_.self_switch) ? 0
-                 : (!options_.self_rack.empty() && h.rack == options_.self_rack) ? 1
-                                                                                 : 2;
-      return std::make_pair(near, inflight_[h.id]);
-    };
-    std::stable_sort(order.begin(), order.end(),
-                     [&](const Holder& a, const Holder& b) { return rank(a) < rank(b); });
-  }
-  for (const auto& h : order) {
+  for (const auto& h : Order(l)) {
     {
       absl::MutexLock lock(&mu_);
       inflight_[h.id]++;
@@ -173,29 +156,112 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
       fetches_++;
       return *checksum;
     }
-    errors_++;
-    ErrorCounter(s.ok()                        ? "checksum"
-                 : absl::IsNotFound(s)         ? "not_found"
-                 : absl::IsDeadlineExceeded(s) ? "timeout"
-                 : absl::IsPermissionDenied(s) ? "auth"
-                 : absl::IsUnavailable(s)      ? "connection"
-                                               : "protocol")
-        ->Inc();
-    if (s.ok()) {
-      spdlog::error("peer: block {}/{}/{}/{} from {} ({}) failed its checksum; not used",
-                    addr.dataset_id, addr.version, addr.file_id, addr.index, h.id, h.address);
-      MarkSuspect(h.id);
-    } else if (absl::IsNotFound(s)) {
-      // A stale location: that peer evicted the block. Forget the cached answer.
-      absl::MutexLock lock(&mu_);
-      located_.erase(addr);
-    } else {
-      spdlog::warn("peer: {} ({}): {}; trying the next source", h.id, h.address,
-                   std::string(s.message()));
-      MarkSuspect(h.id);
-    }
+    Failed(h, addr, s);
   }
   return absl::NotFoundError("no peer could give the block");
+}
+
+std::vector<PeerFetcher::Holder> PeerFetcher::Order(const Located& l) {
+  // Nearest first, then least loaded by this node's own fetches in flight.
+  std::vector<Holder> order;
+  absl::MutexLock lock(&mu_);
+  for (const auto& h : l.holders) {
+    if (!SuspectLocked(h.id)) order.push_back(h);
+  }
+  auto rank = [&](const Holder& h) {
+    mu_.AssertHeld();
+    int near = (!options_.self_switch.empty() && h.sw == options_.self_switch) ? 0
+               : (!options_.self_rack.empty() && h.rack == options_.self_rack) ? 1
+                                                                               : 2;
+    return std::make_pair(near, inflight_[h.id]);
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const Holder& a, const Holder& b) { return rank(a) < rank(b); });
+  return order;
+}
+
+void PeerFetcher::Failed(const Holder& h, const BlockAddr& addr, const absl::Status& s) {
+  errors_++;
+  ErrorCounter(s.ok()                        ? "checksum"
+               : absl::IsNotFound(s)         ? "not_found"
+               : absl::IsDeadlineExceeded(s) ? "timeout"
+               : absl::IsPermissionDenied(s) ? "auth"
+               : absl::IsUnavailable(s)      ? "connection"
+                                             : "protocol")
+      ->Inc();
+  if (s.ok()) {
+    spdlog::error("peer: block {}/{}/{}/{} from {} ({}) failed its checksum; not used",
+                  addr.dataset_id, addr.version, addr.file_id, addr.index, h.id, h.address);
+    MarkSuspect(h.id);
+  } else if (absl::IsNotFound(s)) {
+    // A stale location: that peer evicted the block. Forget the cached answer.
+    absl::MutexLock lock(&mu_);
+    located_.erase(addr);
+  } else {
+    spdlog::warn("peer: {} ({}): {}; trying the next source", h.id, h.address,
+                 std::string(s.message()));
+    MarkSuspect(h.id);
+  }
+}
+
+void PeerFetcher::FetchMany(std::span<Want> wants) {
+  // Each block's first choice among the holders located already; one FetchMany per holder.
+  std::map<std::string, std::vector<size_t>> by_peer;  // holder address -> wants
+  std::map<std::string, Holder> holder_of;
+  std::vector<std::optional<uint64_t>> checksum(wants.size());
+  std::vector<size_t> alone;  // no located holder: the one-by-one path decides
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < wants.size(); i++) {
+    Located l;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = located_.find(wants[i].addr);
+      if (it != located_.end() && now - it->second.at <= options_.locate_ttl) l = it->second;
+    }
+    checksum[i] = checksums_->Known(wants[i].addr);
+    std::vector<Holder> order = l.holders.empty() ? std::vector<Holder>() : Order(l);
+    if (order.empty() || !checksum[i]) {
+      alone.push_back(i);
+      continue;
+    }
+    by_peer[order.front().address].push_back(i);
+    holder_of[order.front().address] = order.front();
+  }
+  for (auto& [address, which] : by_peer) {
+    const Holder& h = holder_of[address];
+    std::vector<transport::FetchPiece> pieces(which.size());
+    for (size_t k = 0; k < which.size(); k++) {
+      pieces[k].addr = wants[which[k]].addr;
+      pieces[k].length = wants[which[k]].length;
+      pieces[k].buf = wants[which[k]].buf;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      inflight_[h.id] += static_cast<int>(pieces.size());
+    }
+    transport_->FetchMany(address, pieces);
+    {
+      absl::MutexLock lock(&mu_);
+      inflight_[h.id] -= static_cast<int>(pieces.size());
+    }
+    for (size_t k = 0; k < which.size(); k++) {
+      Want& w = wants[which[k]];
+      const transport::FetchPiece& p = pieces[k];
+      const uint64_t got = !p.status.ok()             ? 0
+                           : p.info.received_checksum ? *p.info.received_checksum
+                                                      : BlockChecksum(w.buf, w.length);
+      if (p.status.ok() && got == *checksum[which[k]]) {
+        fetches_++;
+        w.result = got;
+        continue;
+      }
+      Failed(h, w.addr, p.status);
+      alone.push_back(which[k]);  // the other holders, one by one
+    }
+  }
+  for (size_t i : alone) {
+    wants[i].result = Fetch(wants[i].addr, wants[i].length, wants[i].buf, /*locate=*/false);
+  }
 }
 
 }  // namespace ember::cachefs

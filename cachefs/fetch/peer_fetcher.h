@@ -16,6 +16,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,17 @@ class PeerFetcher {
   // not known, or no holder gave correct bytes (the caller then reads the origin).
   absl::StatusOr<uint64_t> Fetch(const BlockAddr& addr, uint32_t length, char* buf,
                                  bool locate = true);
+  // One block of a FetchMany: `length` bytes (the whole block) into buf.
+  struct Want {
+    BlockAddr addr;
+    uint32_t length = 0;
+    char* buf = nullptr;
+    absl::StatusOr<uint64_t> result = absl::UnknownError("not fetched");  // out: as Fetch's
+  };
+  // Fetches many blocks located already (no call to meta), one pipelined request per holder for
+  // all the blocks it is the first choice for; a block that fails there tries its other holders
+  // as Fetch does. Small files: one round trip for dozens of blocks.
+  void FetchMany(std::span<Want> wants);
   // Asks meta now, in one call, which of `addrs` another live node holds (remembered for the
   // Fetches that follow, with meta's checksums).
   // Returns: per block, whether another node holds it; the directory's error.
@@ -80,6 +92,12 @@ class PeerFetcher {
   bool UnheldLocked(const BlockAddr& addr, std::chrono::steady_clock::time_point now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static metrics::Counter* ErrorCounter(const char* kind);
+  // The holders not suspected, nearest first, then least loaded by this node's fetches.
+  std::vector<Holder> Order(const Located& l) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts a holder's failure to give `addr` (s: its error; Ok: bytes that failed the checksum),
+  // and suspects it or forgets the stale location.
+  void Failed(const Holder& h, const BlockAddr& addr, const absl::Status& s)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool SuspectLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkSuspect(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -222,14 +222,85 @@ std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, Fi
 absl::StatusOr<ReadPath::Source> ReadPath::MakeResident(
     const FileRef& file, uint64_t index, FillRoute route,
     const std::function<void(uint64_t)>& before_origin) {
+  std::shared_ptr<Fill> fill;
+  auto src = StartResident(file, index, route, before_origin, &fill);
+  if (!src.ok() || fill == nullptr) return src;
+  // A prefetch counts (and pins) resident blocks: wait for the cache write, not just the bytes.
+  if (auto s = Settled(fill); !s.ok()) return s;
+  return src;
+}
+
+absl::StatusOr<ReadPath::Source> ReadPath::StartResident(
+    const FileRef& file, uint64_t index, FillRoute route,
+    const std::function<void(uint64_t)>& before_origin, std::shared_ptr<Fill>* unsettled) {
+  unsettled->reset();
   if (cache_->Resident(file.Block(index))) return Source::kResident;
   std::shared_ptr<Fill> fill = FillOnce(file, index, route, &before_origin);
   Fill::Result r = fill->WaitDone();
   if (!r.status.ok()) return r.status;
   if (r.already) return Source::kResident;
-  // A prefetch counts (and pins) resident blocks: wait for the cache write, not just the bytes.
-  if (fill->WaitSettled()) return OriginChanged();
+  *unsettled = std::move(fill);
   return r.from_peer ? Source::kPeer : Source::kOrigin;
+}
+
+std::vector<ReadPath::Started> ReadPath::StartFromPeers(
+    const std::vector<std::pair<const FileRef*, uint64_t>>& blocks) {
+  std::vector<Started> out(blocks.size());
+  std::vector<std::shared_ptr<Fill>> fills(blocks.size());
+  std::vector<std::pair<const FileRef*, uint64_t>> lead;  // the fills this call leads
+  std::vector<size_t> lead_at;
+  for (size_t i = 0; i < blocks.size(); i++) {
+    const BlockAddr addr = blocks[i].first->Block(blocks[i].second);
+    if (cache_->Resident(addr)) {
+      out[i].src = Source::kResident;
+      continue;
+    }
+    auto [fill, leader] = inflight_.Join(addr);
+    fills[i] = fill;
+    if (!leader) continue;  // someone else's fill: waited for below
+    if (recent_.Get(addr) != nullptr) {
+      fill->Finish({.already = true});
+      fill->Settle(false);
+      inflight_.End(addr, fill);
+      continue;
+    }
+    lead.push_back(blocks[i]);
+    lead_at.push_back(i);
+  }
+  std::vector<FillSources::Fetched> got = sources_.FetchFromPeers(lead);
+  for (size_t k = 0; k < lead.size(); k++) {
+    const auto& [file, index] = lead[k];
+    const BlockAddr addr = file->Block(index);
+    const std::shared_ptr<Fill>& fill = fills[lead_at[k]];
+    FillSources::Fetched& f = got[k];
+    misses_++;
+    fill->Finish({.status = f.status, .data = f.data, .from_peer = true, .peer_only = true});
+    if (!f.status.ok()) {
+      fill->Settle(false);
+      inflight_.End(addr, fill);
+      continue;
+    }
+    recent_.Put(addr, f.data, f.checksum, /*from_origin=*/false);
+    write_behind_->Submit({addr, file->origin.size, index * file->block_size, f.data, f.checksum,
+                           fill, /*claim=*/false, std::string()});
+  }
+  for (size_t i = 0; i < blocks.size(); i++) {
+    if (fills[i] == nullptr) continue;
+    Fill::Result r = fills[i]->WaitDone();
+    if (!r.status.ok()) {
+      out[i].src = r.status;
+    } else if (r.already) {
+      out[i].src = Source::kResident;
+    } else {
+      out[i].src = r.from_peer ? Source::kPeer : Source::kOrigin;
+      out[i].fill = std::move(fills[i]);
+    }
+  }
+  return out;
+}
+
+absl::Status ReadPath::Settled(const std::shared_ptr<Fill>& fill) {
+  return fill->WaitSettled() ? OriginChanged() : absl::OkStatus();
 }
 
 bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,

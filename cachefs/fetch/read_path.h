@@ -100,6 +100,24 @@ class ReadPath {
   // peer-only and no peer has it yet; FailedPrecondition when the origin changed; the fill's error.
   absl::StatusOr<Source> MakeResident(const FileRef& file, uint64_t index, FillRoute route,
                                       const std::function<void(uint64_t bytes)>& before_origin);
+  // The same without waiting for the cache write: a fetched block's fill is returned in
+  // `*unsettled` (else null), and the block counts as resident once `Settled` says so. A prefetch
+  // keeps many blocks' writes in flight this way instead of one per worker.
+  absl::StatusOr<Source> StartResident(const FileRef& file, uint64_t index, FillRoute route,
+                                       const std::function<void(uint64_t bytes)>& before_origin,
+                                       std::shared_ptr<Fill>* unsettled);
+  // StartResident of many blocks by FillRoute::kPeersOnly, fetched with one request per holder
+  // (small files). Returns: per block of `blocks` ((file, index)), the source and the fill to
+  // settle, as StartResident's.
+  struct Started {
+    absl::StatusOr<Source> src;
+    std::shared_ptr<Fill> fill;  // null unless fetched now
+  };
+  std::vector<Started> StartFromPeers(
+      const std::vector<std::pair<const FileRef*, uint64_t>>& blocks);
+  // Waits for a fill StartResident returned to be stored. Returns: Ok; FailedPrecondition when
+  // the origin changed.
+  static absl::Status Settled(const std::shared_ptr<Fill>& fill);
 
   // A block filled moments ago and still in memory, with its checksum (for peers).
   // Returns: its bytes, or nullptr.

@@ -130,11 +130,12 @@ class FakeTransport : public transport::BlockTransport {
                      char* buf, transport::FetchInfo*) override {
     fetches++;
     std::memcpy(buf, content_->data() + addr.index * kBlock + offset, length);
-    if (corrupt) buf[0] ^= 1;
+    if (corrupt || static_cast<int64_t>(addr.index) == corrupt_index) buf[0] ^= 1;
     return absl::OkStatus();
   }
   std::atomic<int> fetches{0};
   std::atomic<bool> corrupt{false};
+  std::atomic<int64_t> corrupt_index{-1};  // only this block's bytes are wrong
 
  private:
   const std::string* content_;
@@ -548,6 +549,53 @@ TEST_F(ReadPathTest, PeerBytesMustMatchMetasChecksum) {
   ASSERT_TRUE(read_path_->Read(Ref(), 2 * kBlock, 10).ok());
   EXPECT_EQ(origin_.reads, 2);
   EXPECT_TRUE(testing::WaitFor([&] { return directory_.Checksum({1, 1, 4, 2}).has_value(); }));
+}
+
+// A prefetch's located blocks fetched many at once: each block is checked against meta's
+// checksum on its own (a wrong one, or one without a checksum known, is refused and reported
+// NotFound, the others are stored), and nothing is read from the origin.
+TEST_F(ReadPathTest, BlocksFromPeersManyAtOnceAreEachChecked) {
+  Open(/*with_peers=*/true);
+  directory_.SetPeerHolds(true);
+  for (uint64_t i = 0; i < 5; i++) directory_.SetChecksum({1, 1, 4, i}, SumOf(i));  // not 5
+  const FileRef ref = Ref();
+  std::vector<BlockAddr> addrs;
+  std::vector<std::pair<const FileRef*, uint64_t>> blocks;
+  for (uint64_t i = 0; i < 6; i++) {
+    addrs.push_back(ref.Block(i));
+    blocks.push_back({&ref, i});
+  }
+  ASSERT_TRUE(read_path_->HeldByPeers(addrs).ok());  // located, with meta's checksums
+  transport_.corrupt_index = 2;
+  auto started = read_path_->StartFromPeers(blocks);
+  ASSERT_EQ(started.size(), 6u);
+  for (uint64_t i = 0; i < 6; i++) {
+    if (i == 2 || i == 5) {
+      EXPECT_EQ(started[i].src.status().code(), absl::StatusCode::kNotFound) << i;
+      EXPECT_EQ(started[i].fill, nullptr);
+      continue;
+    }
+    ASSERT_TRUE(started[i].src.ok()) << i << ": " << started[i].src.status();
+    EXPECT_EQ(*started[i].src, ReadPath::Source::kPeer);
+    ASSERT_NE(started[i].fill, nullptr);
+    EXPECT_TRUE(ReadPath::Settled(started[i].fill).ok());
+    EXPECT_TRUE(cache_->Resident(ref.Block(i))) << i;
+  }
+  EXPECT_FALSE(cache_->Resident(ref.Block(2)));
+  EXPECT_FALSE(cache_->Resident(ref.Block(5)));
+  EXPECT_EQ(origin_.reads, 0);
+  EXPECT_EQ(read_path_->GetStats().peer_errors, 1u);
+  // Resident blocks are said to be, without a fetch.
+  const int fetches = transport_.fetches;
+  started = read_path_->StartFromPeers({{&ref, 0}});
+  ASSERT_TRUE(started[0].src.ok());
+  EXPECT_EQ(*started[0].src, ReadPath::Source::kResident);
+  EXPECT_EQ(transport_.fetches, fetches);
+  // What was stored reads back exactly; the refused blocks come from the origin.
+  transport_.corrupt_index = -1;
+  auto r = read_path_->Read(ref, 0, content_.size());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Gather(*r), content_);
 }
 
 }  // namespace
