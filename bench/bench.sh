@@ -9,6 +9,9 @@
 #    origin read, prefetch to 3 nodes) beside the machine's ceilings in the same run; the
 #    scheduler at 500 and 10,000 nodes, remote origins (S3 and HTTP on loopback). Figures for
 #    these go into docs/benchmarks.md by hand.
+# 3. bench_small.sh: small files at scale (ImageNet-shaped 50,000 x ~110 KB and 200,000 x 1-4 KB):
+#    dataset add, prefetch to 3 nodes, memory per file, find, warm and cold epochs, each beside
+#    the same-run ceiling or native. Figures go into docs/benchmarks.md by hand.
 set -euo pipefail
 BUILD=$(realpath "${1:-build}")
 EMBER=$BUILD/bin/ember
@@ -51,6 +54,10 @@ PORT=$((20000 + RANDOM % 20000))
 say "first arrival"
 "$(dirname "$0")/bench_first.sh" "$BUILD" | tee -a "$OUT/results.md"
 PORT=$((20000 + RANDOM % 20000))
+
+# ---- small files at scale (bench_small.sh) ----
+say "small files"
+"$(dirname "$0")/bench_small.sh" "$BUILD" | tee -a "$OUT/results.md"
 trap 'stop_all' EXIT
 
 # ---- RDMA: the transport's own cost per block on the fake device, beside TCP (rdma_bench) ----
