@@ -41,12 +41,6 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 mibs() { awk -v s="$1" 'BEGIN { printf "%.0f", 1024 / s }'; }
 record() { echo "$1 $2" >> "$RAW"; }  # CASE VALUE
 
-PIDS=()
-stop_all() {
-  [ ${#PIDS[@]} -gt 0 ] && { kill "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; }
-  PIDS=()
-  for n in a b c; do umount -l "$WORK/$n/mnt" 2>/dev/null || true; done
-}
 trap stop_all EXIT
 
 PORT=$((20000 + RANDOM % 20000))
@@ -62,13 +56,7 @@ cluster_up() {  # fresh meta and nodes a, b, c; the dataset "first"
   "$B/ember" dataset add first "$WORK/data" > /dev/null
   local h=2
   for n in a b c; do
-    mkdir -p "$WORK/$n/mnt"
-    "$B/ember" node --listen "127.0.0.$h:$((PORT + 1))" --cache-dir "$WORK/$n/cache" \
-      --cache-size 4GiB --mount "$WORK/$n/mnt" --node-id "$n" \
-      --metrics-listen "127.0.0.$h:$((PORT + 2))" --metrics-open /metrics ${NODE_ARGS:-} \
-      > "$WORK/$n.log" 2>&1 &
-    PIDS+=($!)
-    wait_for_log "$WORK/$n.log" "serving datasets at" $!
+    start_node "$n" "$h" 4GiB
     h=$((h + 1))
   done
 }
@@ -110,7 +98,6 @@ write3() {  # the 1 GiB written O_DIRECT by three writers at once: three nodes' 
   rm -f "$WORK"/ceil3.*
   record write3-s "$(secs "$t0" "$t1")"
 }
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 settle() { sync; sleep 2; }  # the last case's disk writes and deletions done before the next
 
 for run in $(seq "$RUNS"); do

@@ -33,30 +33,16 @@ mkdir -p "$WORK" "$OUT"
 say() { echo "bench_small: $*" >&2; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 now() { date +%s.%N; }
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
-PIDS=()
 NODE_PIDS=()
-stop_all() {
-  [ ${#PIDS[@]} -gt 0 ] && { kill "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; }
-  PIDS=()
-  for n in a b c; do umount -l "$WORK/$n/mnt" 2>/dev/null || true; done
-}
 trap stop_all EXIT
 PORT=$((20000 + RANDOM % 20000))
 
-start_node() {  # NAME HOST: a node on 127.0.0.HOST with an empty cache
-  local n=$1 h=$2
-  rm -rf "$WORK/$n"
-  mkdir -p "$WORK/$n/mnt"
-  "$B/ember" node --listen "127.0.0.$h:$((PORT + 1))" --cache-dir "$WORK/$n/cache" \
-    --cache-size 12GiB --mount "$WORK/$n/mnt" --node-id "$n" \
-    --metrics-listen "127.0.0.$h:$((PORT + 2))" --metrics-open /metrics ${NODE_ARGS:-} \
-    > "$WORK/$n.log" 2>&1 &
-  PIDS+=($!)
-  NODE_PIDS[$h]=$!
-  wait_for_log "$WORK/$n.log" "serving datasets at" $!
+fresh_node() {  # NAME HOST: a node on 127.0.0.HOST with an empty cache
+  rm -rf "$WORK/$1"
+  start_node "$1" "$2" 12GiB
+  NODE_PIDS[$2]=$NODE_PID
 }
 epoch() {  # DIR: every file under DIR read by 4 readers; prints seconds
   local t0
@@ -119,7 +105,7 @@ for set in $SETS; do
   say "$set: ceiling"
   t_ceil=$(ceiling "$BYTES")
   h=2
-  for n in a b c; do start_node $n $h; h=$((h + 1)); done
+  for n in a b c; do fresh_node $n $h; h=$((h + 1)); done
   find "$DATA" -type f -print0 | xargs -0 cat > /dev/null  # origin in the page cache
   say "$set: prefetch to 3 nodes"
   t0=$(now)
@@ -175,7 +161,7 @@ for set in $SETS; do
   wait_for_log "$WORK/meta.log" "serving on" $!
   export EMBER_META=127.0.0.1:$PORT
   "$B/ember" dataset add "$set" "$DATA" > /dev/null
-  start_node a 2
+  fresh_node a 2
   drop_caches; t_cm=$(epoch "$MNT")
   drop_caches; t_cn=$(epoch "$DATA")
   echo "| $set | cold first epoch, 4 readers (files/s) | $(ratio "$FILES" "$t_cm") | $(ratio "$FILES" "$t_cn") (native, from disk) | $(ratio "$t_cn" "$t_cm") |"

@@ -9,3 +9,26 @@ wait_for_log() {  # FILE PATTERN PID: until FILE has PATTERN; fails if PID exits
   echo "bench: timed out waiting for '$2' in $1" >&2
   return 1
 }
+
+# Stops the processes a script started (PIDS) and unmounts nodes a, b, c under $WORK.
+PIDS=()
+stop_all() {
+  [ ${#PIDS[@]} -gt 0 ] && { kill "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; }
+  PIDS=()
+  for n in a b c; do umount -l "$WORK/$n/mnt" 2>/dev/null || true; done
+}
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# Starts node NAME on 127.0.0.HOST (block server PORT+1, metrics PORT+2) with a SIZE cache and a
+# mount under $WORK/NAME, NODE_ARGS added; waits until it serves. Its pid: NODE_PID (also in PIDS).
+start_node() {  # NAME HOST SIZE
+  local n=$1 h=$2
+  mkdir -p "$WORK/$n/mnt"
+  "$B/ember" node --listen "127.0.0.$h:$((PORT + 1))" --cache-dir "$WORK/$n/cache" \
+    --cache-size "$3" --mount "$WORK/$n/mnt" --node-id "$n" \
+    --metrics-listen "127.0.0.$h:$((PORT + 2))" --metrics-open /metrics ${NODE_ARGS:-} \
+    > "$WORK/$n.log" 2>&1 &
+  NODE_PID=$!
+  PIDS+=($NODE_PID)
+  wait_for_log "$WORK/$n.log" "serving datasets at" $NODE_PID
+}

@@ -21,11 +21,14 @@ namespace {
 
 constexpr uint32_t kBlock = 64 << 10;
 
-std::unique_ptr<BlockCache> OpenCache(const std::string& dir, uint64_t capacity) {
+// small_max: files of at most this many bytes are packed into segments (0: none).
+std::unique_ptr<BlockCache> OpenCache(const std::string& dir, uint64_t capacity,
+                                      uint64_t small_max = 0) {
   BlockCache::Options o;
   o.dir = dir;
   o.capacity_bytes = capacity;
   o.expected_block_size = kBlock;
+  o.small_file_max = small_max;
   auto c = BlockCache::Open(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(*c);
@@ -481,18 +484,6 @@ TEST(BlockCachePinTest, PinnedBlocksSurvivePressureUntilExpiry) {
 namespace ember::cachefs {
 namespace {
 
-std::unique_ptr<BlockCache> OpenPacking(const std::string& dir, uint64_t capacity,
-                                        uint64_t small_max) {
-  BlockCache::Options o;
-  o.dir = dir;
-  o.capacity_bytes = capacity;
-  o.expected_block_size = kBlock;
-  o.small_file_max = small_max;
-  auto c = BlockCache::Open(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return std::move(*c);
-}
-
 std::string Bytes(size_t n, uint64_t seed) {
   std::string s(n, '\0');
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -519,7 +510,7 @@ TEST(SegmentTest, SmallFilesArePackedAndSurviveARestart) {
   testing::TempDir dir;
   std::vector<std::string> data;
   {
-    auto cache = OpenPacking(dir.path(), 1ull << 30, 16 << 10);
+    auto cache = OpenCache(dir.path(), 1ull << 30, 16 << 10);
     for (uint64_t f = 1; f <= 300; f++) {
       data.push_back(Bytes(1000 + f * 37 % 3000, f));
       const std::string& d = data.back();
@@ -542,7 +533,7 @@ TEST(SegmentTest, SmallFilesArePackedAndSurviveARestart) {
     ASSERT_TRUE(hb);
     EXPECT_EQ(hb->segment, 0u);
   }
-  auto cache = OpenPacking(dir.path(), 1ull << 30, 16 << 10);
+  auto cache = OpenCache(dir.path(), 1ull << 30, 16 << 10);
   EXPECT_EQ(cache->GetStats().resident_blocks, 301u);
   for (uint64_t f = 1; f <= 300; f++) {
     auto h = cache->Acquire({1, 1, f, 0});
@@ -562,7 +553,7 @@ TEST(SegmentTest, SmallFilesArePackedAndSurviveARestart) {
 // index) and its neighbours in the segment still read good.
 TEST(SegmentTest, ACorruptObjectIsQuarantinedAndItsNeighboursStayGood) {
   testing::TempDir dir;
-  auto cache = OpenPacking(dir.path(), 1ull << 30, 16 << 10);
+  auto cache = OpenCache(dir.path(), 1ull << 30, 16 << 10);
   std::vector<std::string> data;
   for (uint64_t f = 1; f <= 3; f++) {
     data.push_back(Bytes(3000, f));
@@ -610,7 +601,7 @@ TEST(SegmentTest, EmptySegmentsAreDeleted) {
   const size_t kObj = 256 << 10;
   const uint64_t per_segment = CacheFiles::kSegmentBytes / kObj;
   {
-    auto cache = OpenPacking(dir.path(), 1ull << 30, kObj);
+    auto cache = OpenCache(dir.path(), 1ull << 30, kObj);
     const std::string d = Bytes(kObj, 1);
     const uint64_t sum = BlockChecksum(d.data(), d.size());
     for (uint64_t f = 1; f <= per_segment + 2; f++) {
@@ -632,7 +623,7 @@ TEST(SegmentTest, EmptySegmentsAreDeleted) {
     EXPECT_EQ(CountFiles(dir.Sub("segments")), 1u);
   }
   // ... and goes at the next start, nothing in the index referring to it.
-  auto cache = OpenPacking(dir.path(), 1ull << 30, kObj);
+  auto cache = OpenCache(dir.path(), 1ull << 30, kObj);
   EXPECT_EQ(CountFiles(dir.Sub("segments")), 0u);
 }
 
