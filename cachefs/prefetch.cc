@@ -21,6 +21,7 @@ constexpr auto kReportEvery = std::chrono::milliseconds(500);
 constexpr size_t kLocateBatch = 1024;
 // Blocks a prefetch worker has fetched whose cache writes it has not waited for yet.
 constexpr size_t kUnsettled = 64;
+constexpr uint64_t kUnsettledBytes = 16u << 20;
 // Located blocks a worker fetches at once (one pipelined request per holder), up to this many
 // bytes.
 constexpr size_t kPeerBatch = 64;
@@ -245,7 +246,7 @@ void PrefetchRunner::Run(Running* r) {
     const size_t end = std::min(mine.size(), at + kLocateBatch);
     std::vector<BlockAddr> addrs;
     for (size_t i = at; i < end; i++) {
-      addrs.push_back(refs[mine[i].file_id].Block(mine[i].index));
+      addrs.push_back(refs.at(mine[i].file_id).Block(mine[i].index));
     }
     auto held = read_path_->HeldByPeers(addrs);
     absl::MutexLock lock(&mu);
@@ -266,7 +267,7 @@ void PrefetchRunner::Run(Running* r) {
   // Accounts for one block, once it is resident (or failed). REQUIRES: mu.
   auto account = [&](const Item& item, const absl::StatusOr<ReadPath::Source>& src) {
     const Block& b = item.block;
-    const FileRef& ref = refs[b.file_id];
+    const FileRef& ref = refs.at(b.file_id);
     const uint64_t len = std::min(ref.block_size, ref.origin.size - b.index * ref.block_size);
     if (!src.ok()) {
       progress.set_blocks_failed(progress.blocks_failed() + 1);
@@ -295,6 +296,12 @@ void PrefetchRunner::Run(Running* r) {
     Item item;
     absl::StatusOr<ReadPath::Source> src;
     std::shared_ptr<Fill> fill;
+  };
+  // A pending fill holds its block's bytes: settle by bytes too (large blocks), not only count.
+  auto full = [&](const std::vector<Pending>& pending) {
+    uint64_t bytes = 0;
+    for (const Pending& p : pending) bytes += refs.at(p.item.block.file_id).block_size;
+    return pending.size() >= kUnsettled || bytes >= kUnsettledBytes;
   };
   auto settle = [&](std::vector<Pending>& pending) {
     for (Pending& p : pending) {
@@ -329,7 +336,7 @@ void PrefetchRunner::Run(Running* r) {
             uint64_t bytes = 0;
             while (!located.empty() && batch.size() < kPeerBatch && bytes < kPeerBatchBytes) {
               batch.push_back(located.front());
-              bytes += refs[batch.back().block.file_id].block_size;
+              bytes += refs.at(batch.back().block.file_id).block_size;
               located.pop_front();
             }
           } else {
@@ -344,7 +351,7 @@ void PrefetchRunner::Run(Running* r) {
       }
       if (!batch.empty()) {
         std::vector<std::pair<const FileRef*, uint64_t>> blocks;
-        for (const Item& it : batch) blocks.push_back({&refs[it.block.file_id], it.block.index});
+        for (const Item& it : batch) blocks.push_back({&refs.at(it.block.file_id), it.block.index});
         std::vector<ReadPath::Started> started = read_path_->StartFromPeers(blocks);
         for (size_t i = 0; i < batch.size(); i++) {
           if (started[i].fill != nullptr) {
@@ -359,11 +366,11 @@ void PrefetchRunner::Run(Running* r) {
           }
         }
         batch.clear();
-        if (pending.size() >= kUnsettled) settle(pending);
+        if (full(pending)) settle(pending);
         continue;
       }
       const Block& b = item.block;
-      const FileRef& ref = refs[b.file_id];
+      const FileRef& ref = refs.at(b.file_id);
       std::shared_ptr<Fill> fill;
       auto src = read_path_->StartResident(ref, b.index, item.route, before_origin, &fill);
       if (!src.ok() && absl::IsNotFound(src.status()) && item.route == FillRoute::kPeersOnly) {
@@ -373,7 +380,7 @@ void PrefetchRunner::Run(Running* r) {
       }
       if (fill != nullptr) {
         pending.push_back({item, std::move(src), std::move(fill)});
-        if (pending.size() >= kUnsettled) settle(pending);
+        if (full(pending)) settle(pending);
         continue;
       }
       absl::MutexLock lock(&mu);
@@ -409,7 +416,7 @@ void PrefetchRunner::Run(Running* r) {
       absl::MutexLock lock(&mu);
       if (r->cancel || left == 0) break;
       for (size_t i = 0; i < waiting.size() && i < kLocateBatch; i++) {
-        addrs.push_back(refs[waiting[i].block.file_id].Block(waiting[i].block.index));
+        addrs.push_back(refs.at(waiting[i].block.file_id).Block(waiting[i].block.index));
       }
     }
     bool moved = false;

@@ -137,7 +137,13 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
   const std::optional<uint64_t> checksum = checksums_->Known(addr);
   if (l.holders.empty() || !checksum) return absl::NotFoundError("no peer holds the block");
 
-  for (const auto& h : Order(l)) {
+  return TryHolders(Order(l), addr, length, buf, *checksum);
+}
+
+absl::StatusOr<uint64_t> PeerFetcher::TryHolders(std::span<const Holder> order,
+                                                 const BlockAddr& addr, uint32_t length, char* buf,
+                                                 uint64_t checksum) {
+  for (const auto& h : order) {
     {
       absl::MutexLock lock(&mu_);
       inflight_[h.id]++;
@@ -152,9 +158,9 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
     const uint64_t got = !s.ok()                  ? 0
                          : info.received_checksum ? *info.received_checksum
                                                   : BlockChecksum(buf, length);
-    if (s.ok() && got == *checksum) {
+    if (s.ok() && got == checksum) {
       fetches_++;
-      return *checksum;
+      return checksum;
     }
     Failed(h, addr, s);
   }
@@ -205,30 +211,33 @@ void PeerFetcher::Failed(const Holder& h, const BlockAddr& addr, const absl::Sta
 }
 
 void PeerFetcher::FetchMany(std::span<Want> wants) {
-  // Each block's first choice among the holders located already; one FetchMany per holder.
+  // Blocks not located lately are located first, all in one call (best effort: those still
+  // unknown after it are not fetched).
+  std::vector<BlockAddr> addrs;
+  for (const Want& w : wants) addrs.push_back(w.addr);
+  LocateAhead(addrs);
+  // Each block's holders in order; one FetchMany per first choice, the rest tried one by one.
+  std::vector<std::vector<Holder>> orders(wants.size());
+  std::vector<uint64_t> checksum(wants.size(), 0);
   std::map<std::string, std::vector<size_t>> by_peer;  // holder address -> wants
-  std::map<std::string, Holder> holder_of;
-  std::vector<std::optional<uint64_t>> checksum(wants.size());
-  std::vector<size_t> alone;  // no located holder: the one-by-one path decides
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < wants.size(); i++) {
+    wants[i].result = absl::NotFoundError("no peer holds the block");
     Located l;
     {
       absl::MutexLock lock(&mu_);
       auto it = located_.find(wants[i].addr);
       if (it != located_.end() && now - it->second.at <= options_.locate_ttl) l = it->second;
     }
-    checksum[i] = checksums_->Known(wants[i].addr);
-    std::vector<Holder> order = l.holders.empty() ? std::vector<Holder>() : Order(l);
-    if (order.empty() || !checksum[i]) {
-      alone.push_back(i);
-      continue;
-    }
-    by_peer[order.front().address].push_back(i);
-    holder_of[order.front().address] = order.front();
+    // Without meta's checksum a peer's bytes cannot be checked.
+    const std::optional<uint64_t> known = checksums_->Known(wants[i].addr);
+    if (l.holders.empty() || !known) continue;
+    checksum[i] = *known;
+    orders[i] = Order(l);
+    if (!orders[i].empty()) by_peer[orders[i].front().address].push_back(i);
   }
   for (auto& [address, which] : by_peer) {
-    const Holder& h = holder_of[address];
+    const Holder h = orders[which.front()].front();
     std::vector<transport::FetchPiece> pieces(which.size());
     for (size_t k = 0; k < which.size(); k++) {
       pieces[k].addr = wants[which[k]].addr;
@@ -244,23 +253,26 @@ void PeerFetcher::FetchMany(std::span<Want> wants) {
       absl::MutexLock lock(&mu_);
       inflight_[h.id] -= static_cast<int>(pieces.size());
     }
+    bool peer_failed = false;  // a connection-level error is counted (and suspected) once
     for (size_t k = 0; k < which.size(); k++) {
-      Want& w = wants[which[k]];
+      const size_t i = which[k];
+      Want& w = wants[i];
       const transport::FetchPiece& p = pieces[k];
       const uint64_t got = !p.status.ok()             ? 0
                            : p.info.received_checksum ? *p.info.received_checksum
                                                       : BlockChecksum(w.buf, w.length);
-      if (p.status.ok() && got == *checksum[which[k]]) {
+      if (p.status.ok() && got == checksum[i]) {
         fetches_++;
         w.result = got;
         continue;
       }
-      Failed(h, w.addr, p.status);
-      alone.push_back(which[k]);  // the other holders, one by one
+      const bool per_block = p.status.ok() || absl::IsNotFound(p.status);
+      if (per_block || !peer_failed) Failed(h, w.addr, p.status);
+      peer_failed = peer_failed || !per_block;
+      // The block's other holders, one by one, as Fetch tries them.
+      w.result = TryHolders(std::span<const Holder>(orders[i]).subspan(1), w.addr, w.length, w.buf,
+                            checksum[i]);
     }
-  }
-  for (size_t i : alone) {
-    wants[i].result = Fetch(wants[i].addr, wants[i].length, wants[i].buf, /*locate=*/false);
   }
 }
 

@@ -60,9 +60,9 @@ class PeerFetcher {
     char* buf = nullptr;
     absl::StatusOr<uint64_t> result = absl::UnknownError("not fetched");  // out: as Fetch's
   };
-  // Fetches many blocks located already (no call to meta), one pipelined request per holder for
-  // all the blocks it is the first choice for; a block that fails there tries its other holders
-  // as Fetch does. Small files: one round trip for dozens of blocks.
+  // Fetches many blocks, one pipelined request per holder for all the blocks it is the first
+  // choice for; blocks not located lately are located first in one call; a block that fails at
+  // its first holder tries the others as Fetch does. Small files: one round trip for dozens.
   void FetchMany(std::span<Want> wants);
   // Asks meta now, in one call, which of `addrs` another live node holds (remembered for the
   // Fetches that follow, with meta's checksums).
@@ -94,6 +94,11 @@ class PeerFetcher {
   static metrics::Counter* ErrorCounter(const char* kind);
   // The holders not suspected, nearest first, then least loaded by this node's fetches.
   std::vector<Holder> Order(const Located& l) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tries the holders in turn until one gives bytes that match `checksum`.
+  // Returns: the checksum; NotFound when none did.
+  absl::StatusOr<uint64_t> TryHolders(std::span<const Holder> order, const BlockAddr& addr,
+                                      uint32_t length, char* buf, uint64_t checksum)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Counts a holder's failure to give `addr` (s: its error; Ok: bytes that failed the checksum),
   // and suspects it or forgets the stale location.
   void Failed(const Holder& h, const BlockAddr& addr, const absl::Status& s)

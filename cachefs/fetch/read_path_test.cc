@@ -551,21 +551,17 @@ TEST_F(ReadPathTest, PeerBytesMustMatchMetasChecksum) {
   EXPECT_TRUE(testing::WaitFor([&] { return directory_.Checksum({1, 1, 4, 2}).has_value(); }));
 }
 
-// A prefetch's located blocks fetched many at once: each block is checked against meta's
-// checksum on its own (a wrong one, or one without a checksum known, is refused and reported
-// NotFound, the others are stored), and nothing is read from the origin.
+// A prefetch's blocks fetched from peers many at once: those not located lately are located
+// first (one call), each block is checked against meta's checksum on its own (a wrong one, or
+// one without a checksum known, is refused and reported NotFound, the others are stored), and
+// nothing is read from the origin.
 TEST_F(ReadPathTest, BlocksFromPeersManyAtOnceAreEachChecked) {
   Open(/*with_peers=*/true);
   directory_.SetPeerHolds(true);
   for (uint64_t i = 0; i < 5; i++) directory_.SetChecksum({1, 1, 4, i}, SumOf(i));  // not 5
   const FileRef ref = Ref();
-  std::vector<BlockAddr> addrs;
   std::vector<std::pair<const FileRef*, uint64_t>> blocks;
-  for (uint64_t i = 0; i < 6; i++) {
-    addrs.push_back(ref.Block(i));
-    blocks.push_back({&ref, i});
-  }
-  ASSERT_TRUE(read_path_->HeldByPeers(addrs).ok());  // located, with meta's checksums
+  for (uint64_t i = 0; i < 6; i++) blocks.push_back({&ref, i});
   transport_.corrupt_index = 2;
   auto started = read_path_->StartFromPeers(blocks);
   ASSERT_EQ(started.size(), 6u);
