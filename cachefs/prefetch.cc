@@ -311,6 +311,22 @@ void PrefetchRunner::Run(Running* r) {
     for (Pending& p : pending) account(p.item, p.src);
     pending.clear();
   };
+  // What a worker does with a block it started: waits for a fill's write later (with the
+  // others in flight), puts a peer-only block no peer gave back to wait, or counts it now.
+  auto started_one = [&](std::vector<Pending>& pending, const Item& item,
+                         absl::StatusOr<ReadPath::Source> src, std::shared_ptr<Fill> fill) {
+    if (fill != nullptr) {
+      pending.push_back({item, std::move(src), std::move(fill)});
+      if (full(pending)) settle(pending);
+      return;
+    }
+    absl::MutexLock lock(&mu);
+    if (!src.ok() && absl::IsNotFound(src.status()) && item.route == FillRoute::kPeersOnly) {
+      waiting.push_back(item);  // the peer meta named no longer has it: wait again
+    } else {
+      account(item, src);
+    }
+  };
   auto worker = [&] {
     std::vector<Pending> pending;
     std::vector<Item> batch;
@@ -354,37 +370,15 @@ void PrefetchRunner::Run(Running* r) {
         for (const Item& it : batch) blocks.push_back({&refs.at(it.block.file_id), it.block.index});
         std::vector<ReadPath::Started> started = read_path_->StartFromPeers(blocks);
         for (size_t i = 0; i < batch.size(); i++) {
-          if (started[i].fill != nullptr) {
-            pending.push_back({batch[i], std::move(started[i].src), std::move(started[i].fill)});
-            continue;
-          }
-          absl::MutexLock lock(&mu);
-          if (!started[i].src.ok() && absl::IsNotFound(started[i].src.status())) {
-            waiting.push_back(batch[i]);  // the peer meta named no longer has it: wait again
-          } else {
-            account(batch[i], started[i].src);
-          }
+          started_one(pending, batch[i], std::move(started[i].src), std::move(started[i].fill));
         }
         batch.clear();
-        if (full(pending)) settle(pending);
         continue;
       }
-      const Block& b = item.block;
-      const FileRef& ref = refs.at(b.file_id);
       std::shared_ptr<Fill> fill;
-      auto src = read_path_->StartResident(ref, b.index, item.route, before_origin, &fill);
-      if (!src.ok() && absl::IsNotFound(src.status()) && item.route == FillRoute::kPeersOnly) {
-        absl::MutexLock lock(&mu);
-        waiting.push_back(item);  // the peer meta named no longer has it: wait again
-        continue;
-      }
-      if (fill != nullptr) {
-        pending.push_back({item, std::move(src), std::move(fill)});
-        if (full(pending)) settle(pending);
-        continue;
-      }
-      absl::MutexLock lock(&mu);
-      account(item, src);
+      auto src = read_path_->StartResident(refs.at(item.block.file_id), item.block.index,
+                                           item.route, before_origin, &fill);
+      started_one(pending, item, std::move(src), std::move(fill));
     }
   };
   std::vector<std::thread> workers;
