@@ -118,6 +118,10 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   builder.AddListeningPort(options.listen, creds, &p.port);
   builder.RegisterService(p.service.get());
   builder.SetMaxReceiveMessageSize(16 << 20);
+  // Keep up to 16 idle request threads: gRPC's default (2) ended the threads of every burst of
+  // node calls and started new ones for the next (clone, stacks, thread caches: ~6% of meta's
+  // time in a small-file prefetch to 3 nodes).
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
   p.server = builder.BuildAndStart();
   if (!p.server || p.port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen,

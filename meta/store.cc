@@ -186,9 +186,11 @@ absl::Status MetaStore::DeleteDataset(const rpc::Dataset& ds) {
   // The record goes first: a crash midway leaves only orphans, dropped at the next open.
   RETURN_IF_ERROR(FromRocks(db_->Delete(Synced(), datasets_, ds.name()), "delete dataset"));
   std::string begin = DatasetPrefix(ds.id()), end = DatasetPrefix(ds.id() + 1);
+  ForgetChecksums();
   for (auto* cf : {manifests_, checksums_, locations_}) {
     RETURN_IF_ERROR(DeletePrefixRange(cf, begin, end));
   }
+  ForgetChecksums();  // and what was read meanwhile
   return absl::OkStatus();
 }
 
@@ -197,9 +199,11 @@ absl::Status MetaStore::DeleteVersionData(uint32_t dataset_id, uint32_t version)
   std::string begin = VersionPrefix(dataset_id, version);
   std::string end = VersionPrefix(dataset_id, version + 1);
   if (version == UINT32_MAX) end = DatasetPrefix(dataset_id + 1);
+  ForgetChecksums();
   for (auto* cf : {manifests_, checksums_, locations_}) {
     RETURN_IF_ERROR(DeletePrefixRange(cf, begin, end));
   }
+  ForgetChecksums();  // and what was read meanwhile
   return absl::OkStatus();
 }
 
@@ -291,13 +295,39 @@ absl::Status MetaStore::ForEachEntry(uint32_t dataset_id, uint32_t version,
   return FromRocks(it->status(), "read manifest");
 }
 
+void MetaStore::RememberChecksumLocked(const BlockAddr& addr, uint64_t sum) {
+  if (recent_new_.size() >= kRecentChecksums / 2) {
+    recent_old_ = std::move(recent_new_);
+    recent_new_ = ChecksumMap();
+  }
+  recent_new_[addr] = sum;
+}
+
+void MetaStore::ForgetChecksums() {
+  absl::MutexLock lock(&recent_mu_);
+  recent_new_ = ChecksumMap();
+  recent_old_ = ChecksumMap();
+  recent_forgotten_++;
+}
+
 absl::StatusOr<std::optional<uint64_t>> MetaStore::GetChecksum(const BlockAddr& addr) {
+  uint64_t forgotten = 0;
+  {
+    absl::MutexLock lock(&recent_mu_);
+    if (auto it = recent_new_.find(addr); it != recent_new_.end()) return {it->second};
+    if (auto it = recent_old_.find(addr); it != recent_old_.end()) return {it->second};
+    forgotten = recent_forgotten_;
+  }
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checksums_, BlockKey(addr), &value);
   if (s.IsNotFound()) return std::optional<uint64_t>();
   RETURN_IF_ERROR(FromRocks(s, "read checksum"));
   if (value.size() != 8) return absl::DataLossError("checksum record is corrupt");
-  return std::optional<uint64_t>(GetBe(value, 0, 8));
+  const uint64_t sum = GetBe(value, 0, 8);
+  absl::MutexLock lock(&recent_mu_);
+  // Not if a delete forgot the recent ones meanwhile: the value read may be the deleted one.
+  if (forgotten == recent_forgotten_) RememberChecksumLocked(addr, sum);
+  return std::optional<uint64_t>(sum);
 }
 
 absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items) {
@@ -309,7 +339,10 @@ absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint
     batch.Put(checksums_, BlockKey(addr), v);
   }
   // Unsynced: the WAL survives a crash of meta; nodes re-record anything lost on power loss.
-  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write checksums");
+  RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write checksums"));
+  absl::MutexLock lock(&recent_mu_);
+  for (const auto& [addr, sum] : items) RememberChecksumLocked(addr, sum);
+  return absl::OkStatus();
 }
 
 absl::Status MetaStore::PutNode(const rpc::Node& node) {

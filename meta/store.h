@@ -23,7 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/ids.h"
 #include "meta/meta.pb.h"
 
@@ -88,8 +92,12 @@ class MetaStore {
                             const std::function<bool(const rpc::FileEntry&)>& fn);
 
   // ---- checksums ----
-  absl::StatusOr<std::optional<uint64_t>> GetChecksum(const BlockAddr& addr);
-  absl::Status PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items);
+  // The last ~500,000 recorded or read are also kept in memory (a prefetch's other nodes ask for
+  // the checksums the first one just recorded): ~20 MB at most.
+  absl::StatusOr<std::optional<uint64_t>> GetChecksum(const BlockAddr& addr)
+      ABSL_LOCKS_EXCLUDED(recent_mu_);
+  absl::Status PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items)
+      ABSL_LOCKS_EXCLUDED(recent_mu_);
 
   // ---- nodes ----
   absl::Status PutNode(const rpc::Node& node);  // synced
@@ -137,6 +145,24 @@ class MetaStore {
   rocksdb::ColumnFamilyHandle* locations_ = nullptr;
   std::string dir_;
   Options options_;
+
+  // Checksums lately read or written, in two generations: the newer one fills up to
+  // kRecentChecksums / 2, then becomes the older one (the one before it is dropped). Cleared
+  // when a dataset or version is deleted (its ids may return).
+  static constexpr size_t kRecentChecksums = 1u << 19;
+  struct BlockAddrHash {
+    size_t operator()(const BlockAddr& a) const {
+      return absl::HashOf(a.dataset_id, a.version, a.file_id, a.index);
+    }
+  };
+  using ChecksumMap = absl::flat_hash_map<BlockAddr, uint64_t, BlockAddrHash>;
+  void RememberChecksumLocked(const BlockAddr& addr, uint64_t sum)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(recent_mu_);
+  void ForgetChecksums() ABSL_LOCKS_EXCLUDED(recent_mu_);
+  absl::Mutex recent_mu_;
+  ChecksumMap recent_new_ ABSL_GUARDED_BY(recent_mu_);
+  ChecksumMap recent_old_ ABSL_GUARDED_BY(recent_mu_);
+  uint64_t recent_forgotten_ ABSL_GUARDED_BY(recent_mu_) = 0;  // ForgetChecksums calls
 };
 
 }  // namespace ember::meta

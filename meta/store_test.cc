@@ -100,6 +100,9 @@ TEST(MetaStoreTest, DeleteDatasetRemovesEverything) {
   // The other dataset is untouched.
   EXPECT_EQ(s.ReadManifest(2, 1, 0, 10)->size(), 1u);
   EXPECT_TRUE(s.GetChecksum(BlockAddr{2, 1, 1, 0})->has_value());
+  // A version's data goes the same way (checksums just recorded are kept in memory too).
+  ASSERT_TRUE(s.DeleteVersionData(2, 1).ok());
+  EXPECT_FALSE(s.GetChecksum(BlockAddr{2, 1, 1, 0})->has_value());
 }
 
 TEST(MetaStoreTest, OrphanManifestsDroppedOnOpen) {

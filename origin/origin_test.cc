@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -252,6 +253,38 @@ TEST(PosixOriginTest, ReadsAndRefusesChangedMissingOrEscapingFiles) {
   OriginFile via_link = file;
   via_link.path = "link";
   EXPECT_EQ(posix->Read(via_link, 0, 1, buf.data()).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The root is held open between reads; a root replaced by another directory (renamed over it)
+// is read from the new one, and a root that went away is NotFound, not a stale read.
+TEST(PosixOriginTest, AReplacedRootIsReadFromTheNewDirectory) {
+  TempDir d;
+  auto write = [](const std::string& path, const std::string& body) {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    std::ofstream(path) << body;
+  };
+  auto posix = NewPosixOrigin();
+  auto file_of = [&](const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(stat(d.Sub("root/" + path).c_str(), &st), 0);
+    return OriginFile{d.Sub("root"), path, static_cast<uint64_t>(st.st_size),
+                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                      ""};
+  };
+  write(d.Sub("root/old"), "old bytes");
+  std::string buf(9, '\0');
+  ASSERT_TRUE(posix->Read(file_of("old"), 0, 9, buf.data()).ok());
+  EXPECT_EQ(buf, "old bytes");
+  write(d.Sub("next/new"), "new bytes");
+  std::filesystem::rename(d.Sub("root"), d.Sub("gone"));
+  std::filesystem::rename(d.Sub("next"), d.Sub("root"));
+  ASSERT_TRUE(posix->Read(file_of("new"), 0, 9, buf.data()).ok());
+  EXPECT_EQ(buf, "new bytes");
+  OriginFile old_file{d.Sub("root"), "old", 9, 0, ""};
+  EXPECT_EQ(posix->Read(old_file, 0, 9, buf.data()).code(), absl::StatusCode::kNotFound);
+  std::filesystem::remove_all(d.Sub("root"));
+  OriginFile none{d.Sub("root"), "new", 9, 0, ""};
+  EXPECT_EQ(posix->Read(none, 0, 9, buf.data()).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(RouterTest, DirectoriesWalkAndReadThroughPosixRemoteUrisAreChecked) {

@@ -8,7 +8,7 @@ PACKAGES=(
   libfuse3-dev fuse3
   librocksdb-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libxxhash-dev
+  libxxhash-dev libgoogle-perftools-dev
   libibverbs-dev rdma-core
   libgtest-dev libgmock-dev python3
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libspdlog-dev

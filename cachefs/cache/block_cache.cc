@@ -301,86 +301,148 @@ bool BlockCache::MakeRoom(const BlockAddr& addr, uint32_t len) {
 BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file_size,
                                             uint64_t offset, std::string_view data,
                                             uint64_t checksum) {
-  const uint32_t len = static_cast<uint32_t>(data.size());
-  bool revive = false;  // rewriting a quarantined copy that is still held
+  std::vector<InsertItem> items{{addr, file_size, offset, data, checksum}};
+  return InsertMany(items).front();
+}
+
+std::vector<BlockCache::InsertResult> BlockCache::InsertMany(const std::vector<InsertItem>& items) {
+  std::vector<Pending> ps(items.size());
+  for (size_t i = 0; i < items.size(); i++) BeginInsert(items[i], &ps[i]);
+  // The bytes, outside the lock: small objects whose slots follow each other in one segment in
+  // one vectored write, other blocks into their files one by one.
+  for (size_t i = 0; i < ps.size();) {
+    Pending& p = ps[i];
+    if (p.decided) {
+      i++;
+      continue;
+    }
+    if (!p.small) {
+      p.err = files_.WriteBlock(p.item.addr, p.item.file_size, p.item.offset, p.item.data,
+                                &p.stamp);
+      i++;
+      continue;
+    }
+    std::vector<const CacheFiles::SmallSlot*> slots{&p.slot};
+    std::vector<std::string_view> data{p.item.data};
+    size_t j = i + 1;
+    uint64_t end = p.slot.offset + p.item.data.size();
+    for (; j < ps.size() && !ps[j].decided && ps[j].small && ps[j].slot.segment == p.slot.segment &&
+           ps[j].slot.offset == end;
+         j++) {
+      slots.push_back(&ps[j].slot);
+      data.push_back(ps[j].item.data);
+      end += ps[j].item.data.size();
+    }
+    uint64_t stamp = 0;
+    const int err = files_.WriteSmallRun(slots, data, &stamp);
+    for (size_t k = i; k < j; k++) {
+      ps[k].err = err;
+      ps[k].stamp = stamp;
+    }
+    i = j;
+  }
+  // Then commit what was written through the index: one batch.
+  std::vector<IndexRecord> records;
+  for (const Pending& p : ps) {
+    if (!p.decided && p.err == 0) {
+      records.push_back({p.item.addr, p.item.checksum, p.where, p.len, 0, p.slot.segment});
+    }
+  }
+  absl::Status indexed = records.empty() ? absl::OkStatus() : index_->PutMany(records);
+  std::vector<InsertResult> out;
+  out.reserve(ps.size());
+  for (Pending& p : ps) {
+    if (!p.decided) {
+      if (p.err == 0 && !indexed.ok()) p.err = EIO;
+      p.result = FinishInsert(p, indexed);
+    }
+    out.push_back(p.result);
+  }
+  return out;
+}
+
+void BlockCache::BeginInsert(const InsertItem& item, Pending* p) {
+  const BlockAddr& addr = item.addr;
+  p->item = item;
+  p->len = static_cast<uint32_t>(item.data.size());
+  const uint32_t len = p->len;
   // A small file's only block goes into a segment: claim its place first (a place left unused
   // is a hole in the segment, no space).
-  CacheFiles::SmallSlot slot;
-  const bool small =
-      offset == 0 && len > 0 && len == file_size && file_size <= options_.small_file_max;
-  if (small) {
-    if (int err = files_.ClaimSmall(len, &slot); err != 0) {
+  p->small = item.offset == 0 && len > 0 && len == item.file_size &&
+             item.file_size <= options_.small_file_max;
+  if (p->small) {
+    if (int err = files_.ClaimSmall(len, &p->slot); err != 0) {
       spdlog::error("cache: cannot start a segment under {}: {}", options_.dir, strerror(err));
       absl::MutexLock lock(&mu_);
       not_admitted_++;
-      return err == ENOSPC || err == EDQUOT ? InsertResult::kNoSpace : InsertResult::kError;
+      p->decided = true;
+      p->result =
+          err == ENOSPC || err == EDQUOT ? InsertResult::kNoSpace : InsertResult::kError;
+      return;
     }
   }
-  const uint32_t segment = slot.segment;
-  const uint64_t where = small ? slot.offset : offset;
-  {
-    absl::MutexLock lock(&mu_);
-    auto existing = blocks_.find(addr);
-    if (existing != blocks_.end()) {
-      Entry& e = existing->second;
-      if (!e.doomed || e.writing || e.holds == 0 || e.length != len || e.offset != offset ||
-          e.segment != 0 || small) {
-        return e.writing || e.doomed ? InsertResult::kNotAdmitted : InsertResult::kStored;
-      }
-      // Held (a passthrough open reads this file): write the good bytes in place, under the
-      // holders' feet, then serve the block again. Its bytes still count in used_.
-      e.doomed = false;
-      e.writing = true;
-      e.checksum = checksum;
-      e.generation = next_generation_++;
-      revive = true;
-    } else {
-      if (len > options_.capacity_bytes || !MakeRoom(addr, len)) {
-        not_admitted_++;
-        return InsertResult::kNotAdmitted;
-      }
-      Entry e;
-      e.writing = true;
-      e.checksum = checksum;
-      e.offset = where;
-      e.length = len;
-      e.segment = segment;
-      e.generation = next_generation_++;
-      LruPushFront(&*blocks_.emplace(addr, e).first);
-      used_ += len;
-      if (segment != 0) {
-        segment_objects_[segment]++;
-        if (last_active_segment_ != segment) {
-          // Appends moved on: the segment before may have emptied while it was active.
-          const uint32_t before = last_active_segment_;
-          last_active_segment_ = segment;
-          if (before != 0 && segment_objects_.contains(before)) {
-            segment_objects_[before]++;
-            SegmentLostLocked(before);
-          }
+  const uint32_t segment = p->slot.segment;
+  p->where = p->small ? p->slot.offset : item.offset;
+  absl::MutexLock lock(&mu_);
+  auto existing = blocks_.find(addr);
+  if (existing != blocks_.end()) {
+    Entry& e = existing->second;
+    if (!e.doomed || e.writing || e.holds == 0 || e.length != len || e.offset != item.offset ||
+        e.segment != 0 || p->small) {
+      p->decided = true;
+      p->result = e.writing || e.doomed ? InsertResult::kNotAdmitted : InsertResult::kStored;
+      return;
+    }
+    // Held (a passthrough open reads this file): write the good bytes in place, under the
+    // holders' feet, then serve the block again. Its bytes still count in used_.
+    e.doomed = false;
+    e.writing = true;
+    e.checksum = item.checksum;
+    e.generation = next_generation_++;
+    p->revive = true;
+  } else {
+    if (len > options_.capacity_bytes || !MakeRoom(addr, len)) {
+      not_admitted_++;
+      p->decided = true;
+      p->result = InsertResult::kNotAdmitted;
+      return;
+    }
+    Entry e;
+    e.writing = true;
+    e.checksum = item.checksum;
+    e.offset = p->where;
+    e.length = len;
+    e.segment = segment;
+    e.generation = next_generation_++;
+    LruPushFront(&*blocks_.emplace(addr, e).first);
+    used_ += len;
+    if (segment != 0) {
+      segment_objects_[segment]++;
+      if (last_active_segment_ != segment) {
+        // Appends moved on: the segment before may have emptied while it was active.
+        const uint32_t before = last_active_segment_;
+        last_active_segment_ = segment;
+        if (before != 0 && segment_objects_.contains(before)) {
+          segment_objects_[before]++;
+          SegmentLostLocked(before);
         }
       }
     }
-    files_state_[KeyOf(addr, segment)].writers++;
   }
+  files_state_[KeyOf(addr, segment)].writers++;
+}
 
-  // Write the bytes outside the lock, then commit through the index.
-  uint64_t stamp = 0;
-  int err = small ? files_.WriteSmall(slot, data, &stamp)
-                  : files_.WriteBlock(addr, file_size, offset, data, &stamp);
-  absl::Status indexed = absl::OkStatus();
-  if (err == 0) {
-    indexed = index_->Put({addr, checksum, where, len, 0, segment});
-    if (!indexed.ok()) err = EIO;
-  }
-
+BlockCache::InsertResult BlockCache::FinishInsert(const Pending& p, const absl::Status& indexed) {
+  const BlockAddr& addr = p.item.addr;
+  const uint32_t len = p.len;
+  const int err = p.err;
   absl::MutexLock lock(&mu_);
-  FileState& file = files_state_[KeyOf(addr, segment)];
+  FileState& file = files_state_[KeyOf(addr, p.slot.segment)];
   file.writers--;
-  if (stamp != 0) file.stamp = std::max(file.stamp, stamp);
+  if (p.stamp != 0) file.stamp = std::max(file.stamp, p.stamp);
   auto it = blocks_.find(addr);
   if (err != 0) {
-    if (revive) {
+    if (p.revive) {
       // Still bad, and still held: punched by the last Release, as before.
       it->second.writing = false;
       it->second.doomed = true;
@@ -400,7 +462,7 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
       }
       return InsertResult::kNoSpace;
     }
-    spdlog::error("cache: cannot write block to {}: {}", files_.FilePath(addr, segment),
+    spdlog::error("cache: cannot write block to {}: {}", files_.FilePath(addr, p.slot.segment),
                   indexed.ok() ? strerror(err) : std::string(indexed.message()));
     return InsertResult::kError;
   }
@@ -418,7 +480,7 @@ BlockCache::InsertResult BlockCache::Insert(const BlockAddr& addr, uint64_t file
   it->second.checked = true;    // the caller checked these bytes
   it->second.verified = false;  // written past the page cache: checked again when first read
   added_.push_back(addr);
-  if (revive) {
+  if (p.revive) {
     spdlog::info("cache: block {}/{}/{}/{} of {} repaired in place", addr.dataset_id, addr.version,
                  addr.file_id, addr.index, FilePath(addr));
   }

@@ -156,6 +156,17 @@ class BlockCache {
   // without caching); kNoSpace (the disk is full); kError (a write or index error, logged).
   InsertResult Insert(const BlockAddr& addr, uint64_t file_size, uint64_t offset,
                       std::string_view data, uint64_t checksum);
+  // Insert of many blocks at once (write-behind's batches): small objects appended to a
+  // segment in one vectored write, every record in one index batch. Returns: per item, as Insert.
+  struct InsertItem {
+    BlockAddr addr;
+    uint64_t file_size = 0;
+    uint64_t offset = 0;
+    std::string_view data;
+    uint64_t checksum = 0;
+  };
+  std::vector<InsertResult> InsertMany(const std::vector<InsertItem>& items)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets a block (its bytes conflict with meta's); its range is punched once no reader holds
   // it. With a generation, only that stored copy is dropped (not a good copy stored since).
   // Returns: true if this call dropped it.
@@ -225,6 +236,23 @@ class BlockCache {
   };
 
   explicit BlockCache(const Options& options);
+  // An insert under way: decided at once (already resident, not admitted, no segment), or its
+  // place taken (the entry is `writing`), then written, indexed and finished.
+  struct Pending {
+    InsertItem item;
+    uint32_t len = 0;
+    bool small = false;   // into a segment
+    bool revive = false;  // rewriting a quarantined copy that is still held
+    CacheFiles::SmallSlot slot;
+    uint64_t where = 0;  // offset in its cache file or segment
+    bool decided = false;
+    InsertResult result = InsertResult::kError;
+    int err = 0;  // of the write (EIO: of the index)
+    uint64_t stamp = 0;
+  };
+  void BeginInsert(const InsertItem& item, Pending* p) ABSL_LOCKS_EXCLUDED(mu_);
+  InsertResult FinishInsert(const Pending& p, const absl::Status& indexed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Loads the index into memory (recovery.cc). Returns: how many records were forgotten.
   size_t LoadIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts down to the capacity, oldest first, skipping pinned blocks (recovery.cc).

@@ -549,6 +549,57 @@ TEST(SegmentTest, SmallFilesArePackedAndSurviveARestart) {
   EXPECT_EQ(CountFiles(dir.Sub("segments")), 2u);
 }
 
+// A batch (write-behind's): small objects packed end to end in one segment by one write,
+// a large block in its own file, a block already resident left as it is; every record in one
+// index write, all of it read back checked after a restart.
+TEST(SegmentTest, ABatchIsPackedInOrderAndSurvivesARestart) {
+  testing::TempDir dir;
+  std::vector<std::string> data;
+  const std::string big = Bytes(20 << 10, 999);
+  {
+    auto cache = OpenCache(dir.path(), 1ull << 30, 16 << 10);
+    const std::string first = Bytes(700, 1);
+    ASSERT_EQ(cache->Insert({1, 1, 1, 0}, first.size(), 0, first,
+                            BlockChecksum(first.data(), first.size())),
+              BlockCache::InsertResult::kStored);
+    for (uint64_t f = 1; f <= 200; f++) data.push_back(f == 1 ? first : Bytes(100 + f * 53 % 4000, f));
+    std::vector<BlockCache::InsertItem> items;
+    for (uint64_t f = 1; f <= 200; f++) {
+      const std::string& d = data[f - 1];
+      items.push_back({{1, 1, f, 0}, d.size(), 0, d, BlockChecksum(d.data(), d.size())});
+      if (f == 100) items.push_back({{1, 1, 1000, 0}, big.size(), 0, big,
+                                     BlockChecksum(big.data(), big.size())});
+    }
+    std::vector<BlockCache::InsertResult> got = cache->InsertMany(items);
+    ASSERT_EQ(got.size(), items.size());
+    for (size_t i = 0; i < got.size(); i++) EXPECT_EQ(got[i], BlockCache::InsertResult::kStored) << i;
+    EXPECT_EQ(CountFiles(dir.Sub("segments")), 1u);
+    EXPECT_EQ(CountFiles(dir.Sub("blocks")), 1u);
+    // End to end in the order given (the one resident before stays where it was).
+    for (uint64_t f = 3; f <= 200; f++) {
+      auto prev = cache->Acquire({1, 1, f - 1, 0});
+      auto h = cache->Acquire({1, 1, f, 0});
+      ASSERT_TRUE(prev && h) << f;
+      EXPECT_EQ(h->segment, prev->segment);
+      EXPECT_EQ(h->offset, prev->offset + prev->length) << f;
+    }
+  }
+  auto cache = OpenCache(dir.path(), 1ull << 30, 16 << 10);
+  EXPECT_EQ(cache->GetStats().resident_blocks, 201u);
+  for (uint64_t f = 1; f <= 200; f++) {
+    auto h = cache->Acquire({1, 1, f, 0});
+    ASSERT_TRUE(h) << f;
+    std::string got(h->length, '\0');
+    ASSERT_TRUE(cache->ReadVerified(*h, h->offset, h->length, got.data()).ok()) << f;
+    EXPECT_EQ(got, data[f - 1]) << f;
+  }
+  auto hb = cache->Acquire({1, 1, 1000, 0});
+  ASSERT_TRUE(hb);
+  std::string got(hb->length, '\0');
+  ASSERT_TRUE(cache->ReadVerified(*hb, hb->offset, hb->length, got.data()).ok());
+  EXPECT_EQ(got, big);
+}
+
 // A byte flipped in one packed object is caught when it is read (quarantined, gone from the
 // index) and its neighbours in the segment still read good.
 TEST(SegmentTest, ACorruptObjectIsQuarantinedAndItsNeighboursStayGood) {

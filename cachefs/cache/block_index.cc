@@ -2,6 +2,7 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
 
 #include <string_view>
 #include <vector>
@@ -33,6 +34,14 @@ BlockIndex::~BlockIndex() {
 absl::Status BlockIndex::Put(const IndexRecord& r) {
   rocksdb::Status s =
       db_->Put(rocksdb::WriteOptions(), EncodeIndexKey(r.addr), EncodeIndexValue(r));
+  if (!s.ok()) return absl::InternalError(s.ToString());
+  return absl::OkStatus();
+}
+
+absl::Status BlockIndex::PutMany(const std::vector<IndexRecord>& records) {
+  rocksdb::WriteBatch batch;
+  for (const IndexRecord& r : records) batch.Put(EncodeIndexKey(r.addr), EncodeIndexValue(r));
+  rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
   if (!s.ok()) return absl::InternalError(s.ToString());
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +31,8 @@ class BlockIndex {
 
   // Writes (or overwrites) a block's record. Returns: Ok; Internal with RocksDB's error.
   absl::Status Put(const IndexRecord& record);
+  // Writes many records in one batch (all or none). Returns: Ok; Internal with RocksDB's error.
+  absl::Status PutMany(const std::vector<IndexRecord>& records);
   // Removes a block's record. Returns: Ok; Internal with RocksDB's error.
   absl::Status Delete(const BlockAddr& addr);
   // Calls keep(record) for every record in key order (dataset, version, file, block), then

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -128,20 +129,60 @@ int CacheFiles::ClaimSmall(size_t len, SmallSlot* slot) {
 }
 
 int CacheFiles::WriteSmall(const SmallSlot& slot, std::string_view data, uint64_t* stamp) {
-  const int fd = *slot.fd;
-  int err = PwriteFull(fd, data.data(), data.size(), slot.offset);
+  return WriteSmallRun({&slot}, {data}, stamp);
+}
+
+int CacheFiles::WriteSmallRun(const std::vector<const SmallSlot*>& slots,
+                              const std::vector<std::string_view>& data, uint64_t* stamp) {
+  const int fd = *slots.front()->fd;
+  const uint64_t start = slots.front()->offset;
+  uint64_t len = 0;
+  std::vector<struct iovec> iov;
+  iov.reserve(data.size());
+  for (std::string_view d : data) {
+    iov.push_back({const_cast<char*>(d.data()), d.size()});
+    len += d.size();
+  }
+  int err = 0;
+  // pwritev of up to IOV_MAX pieces at a time, resumed after a short write.
+  size_t first = 0;
+  uint64_t at = start;
+  while (first < iov.size()) {
+    const int n = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
+    ssize_t w = pwritev(fd, iov.data() + first, n, static_cast<off_t>(at));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    if (w == 0) {
+      err = EIO;
+      break;
+    }
+    at += static_cast<uint64_t>(w);
+    while (first < iov.size() && static_cast<uint64_t>(w) >= iov[first].iov_len) {
+      w -= static_cast<ssize_t>(iov[first].iov_len);
+      first++;
+    }
+    if (first < iov.size() && w > 0) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + w;
+      iov[first].iov_len -= static_cast<size_t>(w);
+    }
+  }
   if (err != 0) {
-    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(slot.offset),
-              static_cast<off_t>(data.size()));
+    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
+              static_cast<off_t>(len));
   }
   // Start the writeback of each 8 MiB the appends complete (as RocksDB's bytes_per_sync): the
   // disk writes while the fill goes on, instead of the whole fill becoming dirty pages written
   // later (in the way of the reads that follow).
   constexpr uint64_t kWriteBehind = 8u << 20;
-  const uint64_t end = slot.offset + data.size();
-  if (err == 0 && end / kWriteBehind != slot.offset / kWriteBehind) {
-    const uint64_t chunk = end / kWriteBehind * kWriteBehind - kWriteBehind;
-    sync_file_range(fd, static_cast<off_t>(chunk), kWriteBehind, SYNC_FILE_RANGE_WRITE);
+  const uint64_t end = start + len;
+  if (err == 0 && end / kWriteBehind != start / kWriteBehind) {
+    const uint64_t from = start / kWriteBehind * kWriteBehind;
+    const uint64_t upto = end / kWriteBehind * kWriteBehind;
+    sync_file_range(fd, static_cast<off_t>(from), static_cast<off_t>(upto - from),
+                    SYNC_FILE_RANGE_WRITE);
   }
   *stamp = ChangeStamp(fd);
   return err;

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -71,6 +72,10 @@ class CacheFiles {
   // Writes the object into its slot; *stamp is the segment's ChangeStamp after the write. A
   // failed write leaves its range punched. Returns: 0, or the errno of the failure.
   int WriteSmall(const SmallSlot& slot, std::string_view data, uint64_t* stamp);
+  // The same for objects whose slots follow each other in one segment (claimed one after the
+  // other): one vectored write for all. Returns: 0, or the errno (the whole run is punched).
+  int WriteSmallRun(const std::vector<const SmallSlot*>& slots,
+                    const std::vector<std::string_view>& data, uint64_t* stamp);
   // The segment appends go to now (0 before the first append).
   uint32_t ActiveSegment() ABSL_LOCKS_EXCLUDED(seg_mu_);
   // Deletes a segment nothing lives in any more (never the active one). Returns: false if it is
