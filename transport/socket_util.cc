@@ -187,6 +187,36 @@ absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n) {
   return absl::OkStatus();
 }
 
+BufferedReader::BufferedReader(int fd, size_t capacity) : fd_(fd), buf_(capacity, '\0') {}
+
+absl::Status BufferedReader::Read(void* out, size_t n, BlockChecksummer* sum) {
+  char* p = static_cast<char*>(out);
+  size_t done = 0;
+  while (done < n) {
+    if (start_ == end_) {
+      start_ = end_ = 0;
+      if (n - done >= buf_.size() / 2) return ReadLoop(fd_, p + done, n - done, true, sum);
+      const int one = 1;  // the body of a batch's answers, as ReadBulk
+      setsockopt(fd_, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+      ssize_t r = recv(fd_, buf_.data(), buf_.size(), 0);
+      if (r > 0) {
+        end_ = static_cast<size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) return absl::UnavailableError("connection closed by peer");
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::UnavailableError("read timed out");
+      return absl::UnavailableError(absl::StrCat("read: ", strerror(errno)));
+    }
+    const size_t take = std::min(n - done, end_ - start_);
+    memcpy(p + done, buf_.data() + start_, take);
+    if (sum != nullptr) sum->Update(p + done, take);
+    start_ += take;
+    done += take;
+  }
+  return absl::OkStatus();
+}
+
 bool WaitReadable(int fd, std::chrono::milliseconds timeout) {
   pollfd p{fd, POLLIN, 0};
   while (true) {

@@ -36,4 +36,21 @@ std::string LocalAddress(int fd);
 // Waits until fd is readable; false on timeout.
 bool WaitReadable(int fd, std::chrono::milliseconds timeout);
 
+// Reads a connection through a buffer: the many small frames of a batch that arrive together
+// cost one recv instead of one or two each. A large read (half the buffer or more) goes straight
+// into its destination as ReadBulk does. Not thread-safe.
+class BufferedReader {
+ public:
+  explicit BufferedReader(int fd, size_t capacity = 64 << 10);
+  // Bytes read from the socket and not yet taken.
+  size_t buffered() const { return end_ - start_; }
+  // Reads exactly n bytes into buf, hashing them with `sum` if given. Errors as ReadFull.
+  absl::Status Read(void* buf, size_t n, BlockChecksummer* sum = nullptr);
+
+ private:
+  int fd_;
+  std::string buf_;
+  size_t start_ = 0, end_ = 0;
+};
+
 }  // namespace ember::transport

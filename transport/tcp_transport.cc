@@ -1,5 +1,7 @@
-// The TCP transport: a block server (one thread per connection, sendfile from the cache file) and
-// a client with pooled, authenticated connections that receives straight into the caller's buffer.
+// The TCP transport: a block server (one thread per connection; large blocks sent with sendfile
+// from the cache file, the answers of small ones gathered and sent together) and a client with
+// pooled, authenticated connections that receives large blocks straight into the caller's buffer
+// and a batch's small ones through a read buffer.
 // The server answers queue-pair handshakes only through the QpResponder it is given
 // (qp_responder.h); it knows nothing of RDMA.
 #include "transport/tcp_transport.h"
@@ -27,6 +29,22 @@ namespace ember::transport {
 namespace {
 
 constexpr auto kIdleTimeout = std::chrono::minutes(5);
+// Bodies up to kGatherMax are copied in with their answers (small files); the answers gathered
+// are sent once kFlushAt bytes are waiting, or when no request is.
+constexpr uint32_t kGatherMax = 256 << 10;
+constexpr size_t kFlushAt = 1 << 20;
+
+// Reads n bytes of a file at offset. Returns: false on an error or a short file.
+bool PreadFull(int fd, char* buf, size_t n, uint64_t offset) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = pread(fd, buf + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += static_cast<size_t>(r);
+  }
+  return true;
+}
 
 // Thread-safety: mu_ guards the connection set, the threads and the counters; no I/O happens
 // under it (a connection thread takes it only to count, and once to leave).
@@ -156,38 +174,54 @@ class TcpServer final : public BlockServer {
     if (!WriteFull(fd, rf.data(), rf.size()).ok() || reply.status != WireStatus::kOk) return;
 
     std::unique_ptr<BlockWriter> writer;  // set once the client connects a queue pair
+    // A batch of requests (FetchMany) arrives together: they are read from one buffer, and the
+    // answers of small blocks gathered in `out`, sent once no more requests are waiting.
+    BufferedReader in(fd);
+    std::string out;
     while (true) {
-      if (!WaitReadable(fd, kIdleTimeout)) return;
+      if (in.buffered() == 0) {
+        if (!Flush(fd, &out)) return;
+        if (!WaitReadable(fd, kIdleTimeout)) return;
+      }
       std::string frame(kHeaderSize, '\0');
-      if (!ReadFull(fd, frame.data(), frame.size()).ok()) return;
+      if (!in.Read(frame.data(), frame.size()).ok()) return;
       size_t size = ClientFrameSize(frame);
       FrameType type = static_cast<FrameType>(static_cast<uint8_t>(frame[6]) |
                                               (static_cast<uint8_t>(frame[7]) << 8));
       if (size == 0 || type == FrameType::kAuth) {
-        BadFrame(fd);
+        BadFrame(fd, &out);
         return;
       }
       frame.resize(size);
-      if (!ReadFull(fd, frame.data() + kHeaderSize, size - kHeaderSize).ok()) return;
+      if (!in.Read(frame.data() + kHeaderSize, size - kHeaderSize).ok()) return;
       if (type == FrameType::kQpInfo) {
-        if (!ServeQpInfo(fd, frame, &writer)) return;
+        if (!Flush(fd, &out) || !ServeQpInfo(fd, frame, &writer)) return;
         continue;
       }
       auto q = DecodeRequest(frame);
       if (!q) {
-        BadFrame(fd);
+        BadFrame(fd, &out);
         return;
       }
-      if (!ServeRequest(fd, *q, writer.get())) return;
+      if (!ServeRequest(fd, *q, writer.get(), &out)) return;
     }
   }
 
+  // Sends the answers gathered. Returns: false if the connection failed.
+  static bool Flush(int fd, std::string* out) {
+    if (out->empty()) return true;
+    const bool ok = WriteFull(fd, out->data(), out->size()).ok();
+    out->clear();
+    return ok;
+  }
+
   // Garbage: say so once, then drop the connection (framing can no longer be trusted).
-  void BadFrame(int fd) {
+  void BadFrame(int fd, std::string* out = nullptr) {
     Count(&Stats::bad_frames);
     Response resp;
     resp.status = WireStatus::kBadRequest;
     std::string f = EncodeResponse(resp);
+    if (out != nullptr) f = *out + f;  // the answers before it first
     (void)WriteFull(fd, f.data(), f.size());  // best effort: the caller drops the connection
   }
 
@@ -219,7 +253,8 @@ class TcpServer final : public BlockServer {
     return false;
   }
 
-  bool ServeRequest(int fd, const Request& q, BlockWriter* writer) {
+  // Answers one request: into `out` when its body is small (sent by Flush), else sent now.
+  bool ServeRequest(int fd, const Request& q, BlockWriter* writer, std::string* out) {
     Response resp;
     resp.request_id = q.request_id;
     Count(&Stats::requests);
@@ -249,25 +284,40 @@ class TcpServer final : public BlockServer {
         spdlog::warn("peer server: RDMA write failed: {}", std::string(st.message()));
         resp.status = WireStatus::kInternal;
         resp.length = 0;
-        std::string f = EncodeResponse(resp);
+        std::string f = *out + EncodeResponse(resp);
         (void)WriteFull(fd, f.data(), f.size());  // best effort: the connection ends here
         return false;
       }
     }
-    std::string f = EncodeResponse(resp);
-    if (!WriteFull(fd, f.data(), f.size()).ok()) return false;
-    if (resp.status == WireStatus::kOk && resp.length > 0) {
-      if (!via_rdma) {
-        // The client sees a short read if this fails, and moves on.
-        absl::Status sent =
-            block->data != nullptr
-                ? WriteFull(fd, block->data + q.offset, resp.length)
-                : SendFileFull(fd, block->fd, block->offset + q.offset, resp.length);
-        if (!sent.ok()) return false;
-      }
+    *out += EncodeResponse(resp);
+    const bool ok = resp.status == WireStatus::kOk && resp.length > 0;
+    if (ok && !via_rdma && resp.length > kGatherMax) {
+      // A large body goes on its own, straight from memory or the cache file; the client sees
+      // a short read if this fails, and moves on.
+      if (!Flush(fd, out)) return false;
+      absl::Status sent =
+          block->data != nullptr
+              ? WriteFull(fd, block->data + q.offset, resp.length)
+              : SendFileFull(fd, block->fd, block->offset + q.offset, resp.length);
+      if (!sent.ok()) return false;
       Count(&Stats::bytes, resp.length);
+      return true;
     }
-    return true;
+    if (ok && !via_rdma) {
+      // A small body goes with the answers around it: one send for a batch of small files.
+      const size_t at = out->size();
+      out->resize(at + resp.length);
+      if (block->data != nullptr) {
+        memcpy(out->data() + at, block->data + q.offset, resp.length);
+      } else if (!PreadFull(block->fd, out->data() + at, resp.length,
+                            block->offset + q.offset)) {
+        out->resize(at);
+        (void)Flush(fd, out);  // best effort: the client sees a short read and moves on
+        return false;
+      }
+    }
+    if (ok) Count(&Stats::bytes, resp.length);
+    return out->size() < kFlushAt || Flush(fd, out);
   }
 
   int listen_fd_;
@@ -389,10 +439,12 @@ class TcpTransport final : public BlockTransport {
     }
     absl::Status s = WriteFull(fd, frames.data(), frames.size());
     if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
+    // The answers (and the bodies of small blocks) come in runs: read through a buffer.
+    BufferedReader in(fd);
     std::string pf(kResponseSize, '\0');
     for (size_t i = 0; i < pieces.size(); i++) {
       FetchPiece& p = pieces[i];
-      s = ReadFull(fd, pf.data(), pf.size());
+      s = in.Read(pf.data(), pf.size());
       if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
       auto resp = DecodeResponse(pf);
       if (!resp || resp->request_id != ids[i]) {
@@ -405,7 +457,7 @@ class TcpTransport final : public BlockTransport {
             absl::StrCat("peer ", peer, ": answered ", resp->length, " bytes for ", p.length));
       } else {
         BlockChecksummer sum;
-        s = ReadBulk(fd, p.buf, p.length, &sum);
+        s = in.Read(p.buf, p.length, &sum);
         if (!s.ok()) {
           return absl::UnavailableError(
               absl::StrCat("peer ", peer, ": short block: ", s.message()));
@@ -416,6 +468,9 @@ class TcpTransport final : public BlockTransport {
         p.status = absl::OkStatus();
       }
       *answered = i + 1;
+    }
+    if (in.buffered() != 0) {  // bytes nobody asked for: the connection cannot be reused
+      return absl::DataLossError(absl::StrCat("peer ", peer, ": sent more than was asked"));
     }
     return absl::OkStatus();
   }

@@ -142,7 +142,14 @@ TEST_F(TcpTransportTest, FetchManyPipelinesRequestsEachWithItsOwnStatus) {
     pieces[i].buf = bufs[i].data();
   }
   pieces[100].length = 3000;  // past the end of block 100
+  // A large block amid the small ones (sent on its own, after the answers before it).
+  std::string big(2 << 20, '\0');
+  pieces.insert(pieces.begin() + 150,
+                FetchPiece{.addr = {1, 1, 5, 1}, .length = 2 << 20, .buf = big.data()});
   client->FetchMany(peer_, pieces);
+  ASSERT_TRUE(pieces[150].status.ok()) << pieces[150].status;
+  EXPECT_EQ(big, data_.substr(1 << 20, 2 << 20));
+  pieces.erase(pieces.begin() + 150);
   for (uint64_t i = 0; i < 302; i++) {
     if (i == 100) {
       EXPECT_EQ(pieces[i].status.code(), absl::StatusCode::kInvalidArgument);
@@ -155,7 +162,7 @@ TEST_F(TcpTransportTest, FetchManyPipelinesRequestsEachWithItsOwnStatus) {
       EXPECT_EQ(*pieces[i].info.received_checksum, pieces[i].info.block_checksum);
     }
   }
-  EXPECT_EQ(server_->GetStats().requests, 302u);
+  EXPECT_EQ(server_->GetStats().requests, 303u);
   // The same pooled connection serves a plain fetch next.
   ExpectServerStillServes();
   // Nobody listening: every piece says so.
