@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_io.h"
 #include "transport/block_transport.h"
 #include "transport/qp_responder.h"
 #include "transport/socket_util.h"
@@ -33,18 +34,6 @@ constexpr auto kIdleTimeout = std::chrono::minutes(5);
 // are sent once kFlushAt bytes are waiting, or when no request is.
 constexpr uint32_t kGatherMax = 256 << 10;
 constexpr size_t kFlushAt = 1 << 20;
-
-// Reads n bytes of a file at offset. Returns: false on an error or a short file.
-bool PreadFull(int fd, char* buf, size_t n, uint64_t offset) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = pread(fd, buf + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    done += static_cast<size_t>(r);
-  }
-  return true;
-}
 
 // Thread-safety: mu_ guards the connection set, the threads and the counters; no I/O happens
 // under it (a connection thread takes it only to count, and once to leave).
@@ -309,8 +298,8 @@ class TcpServer final : public BlockServer {
       out->resize(at + resp.length);
       if (block->data != nullptr) {
         memcpy(out->data() + at, block->data + q.offset, resp.length);
-      } else if (!PreadFull(block->fd, out->data() + at, resp.length,
-                            block->offset + q.offset)) {
+      } else if (!PreadFull(block->fd, block->offset + q.offset, resp.length,
+                            out->data() + at)) {
         out->resize(at);
         (void)Flush(fd, out);  // best effort: the client sees a short read and moves on
         return false;
