@@ -10,14 +10,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <memory>
-#include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "origin/internal.h"
 #include "origin/origin.h"
 
@@ -37,60 +32,28 @@ bool HasDotDot(const std::string& path) {
   return false;
 }
 
-// The origin roots, kept open (O_PATH) between reads: a small file's read costs no open and
-// close of its root. A root replaced since it was opened (a directory renamed over it) is
-// opened again when a file is not found beneath the one held; files still found beneath the
-// old one are checked against the manifest (size, mtime) and their checksums like any other.
-class RootDirs {
- public:
-  // Returns: root's fd (held while the pointer lives; `fresh`: opened anew), or null with errno.
-  std::shared_ptr<const int> Get(const std::string& root, bool fresh) {
-    if (!fresh) {
-      absl::MutexLock lock(&mu_);
-      if (auto it = fds_.find(root); it != fds_.end()) return it->second;
-    }
-    int dir = open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0) return nullptr;
-    std::shared_ptr<const int> fd(new int(dir), [](const int* p) {
-      close(*p);
-      delete p;
-    });
-    absl::MutexLock lock(&mu_);
-    if (fds_.size() >= kMaxRoots) fds_.clear();  // many datasets: held by their readers only
-    fds_[root] = fd;
-    return fd;
-  }
-
- private:
-  static constexpr size_t kMaxRoots = 1024;
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const int>> fds_ ABSL_GUARDED_BY(mu_);
-};
-
 // Opens root/rel for reading without following any symlink below root and without leaving it
 // (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): a directory swapped for a symlink after the
 // scan cannot make a fill read bytes from outside the origin. Kernels without openat2 (< 5.6)
 // fall back to O_NOFOLLOW on the last component. Returns an fd or -1 with errno.
+// The root is opened for each read, not kept open: an origin is a path, and one moved away or
+// replaced must not go on being read through a directory fd that followed it.
 int OpenBeneath(const std::string& root, const std::string& rel) {
   static std::atomic<bool> have_openat2{true};
-  static RootDirs* const roots = new RootDirs;
   if (have_openat2.load(std::memory_order_relaxed)) {
+    int dir = open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) return -1;
     struct open_how how {};
     how.flags = O_RDONLY | O_CLOEXEC;
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-    for (int attempt = 0; attempt < 2; attempt++) {
-      std::shared_ptr<const int> dir = roots->Get(root, attempt > 0);
-      if (dir == nullptr) return -1;
-      int fd = static_cast<int>(syscall(SYS_openat2, *dir, rel.c_str(), &how, sizeof(how)));
-      if (fd >= 0) return fd;
-      const int err = errno;
-      if (err == ENOSYS) break;
-      if (err != ENOENT || attempt > 0) {
-        errno = err;
-        return -1;
-      }
+    int fd = static_cast<int>(syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof(how)));
+    int err = errno;
+    close(dir);
+    if (fd >= 0 || err != ENOSYS) {
+      errno = err;
+      return fd;
     }
-    have_openat2 = false;  // only ENOSYS leaves the loop
+    have_openat2 = false;
   }
   return open(absl::StrCat(root, "/", rel).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 }
