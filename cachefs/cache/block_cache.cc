@@ -397,6 +397,7 @@ void BlockCache::BeginInsert(const InsertItem& item, Pending* p) {
     // holders' feet, then serve the block again. Its bytes still count in used_.
     e.doomed = false;
     e.writing = true;
+    writing_++;
     e.checksum = item.checksum;
     e.generation = next_generation_++;
     p->revive = true;
@@ -409,6 +410,7 @@ void BlockCache::BeginInsert(const InsertItem& item, Pending* p) {
     }
     Entry e;
     e.writing = true;
+    writing_++;
     e.checksum = item.checksum;
     e.offset = p->where;
     e.length = len;
@@ -441,6 +443,7 @@ BlockCache::InsertResult BlockCache::FinishInsert(const Pending& p, const absl::
   file.writers--;
   if (p.stamp != 0) file.stamp = std::max(file.stamp, p.stamp);
   auto it = blocks_.find(addr);
+  writing_--;
   if (err != 0) {
     if (p.revive) {
       // Still bad, and still held: punched by the last Release, as before.
@@ -516,7 +519,7 @@ BlockCache::Stats BlockCache::GetStats() {
   }
   s.capacity_bytes = options_.capacity_bytes;
   s.used_bytes = used_;
-  s.resident_blocks = blocks_.size();
+  s.resident_blocks = blocks_.size() - writing_;  // not those being written
   s.evictions = evictions_;
   s.not_admitted = not_admitted_;
   s.checksum_failures = checksum_failures_;

@@ -326,6 +326,7 @@ class BlockCache {
   std::vector<BlockAddr> removed_ ABSL_GUARDED_BY(mu_);
   std::map<FileKey, FileState> files_state_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint64_t> segment_objects_ ABSL_GUARDED_BY(mu_);  // segment -> live objects
+  uint64_t writing_ ABSL_GUARDED_BY(mu_) = 0;  // entries whose bytes are being written
   uint32_t last_active_segment_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> corruptions_ ABSL_GUARDED_BY(mu_);  // the last 20
   // Open read-only fds by (dataset, version, file); cache files are never unlinked, only punched,
