@@ -210,7 +210,7 @@ class TcpServer final : public BlockServer {
     Response resp;
     resp.status = WireStatus::kBadRequest;
     std::string f = EncodeResponse(resp);
-    if (out != nullptr) f = *out + f;  // the answers before it first
+    if (out != nullptr) f = *out + f;         // the answers before it first
     (void)WriteFull(fd, f.data(), f.size());  // best effort: the caller drops the connection
   }
 
@@ -284,10 +284,9 @@ class TcpServer final : public BlockServer {
       // A large body goes on its own, straight from memory or the cache file; the client sees
       // a short read if this fails, and moves on.
       if (!Flush(fd, out)) return false;
-      absl::Status sent =
-          block->data != nullptr
-              ? WriteFull(fd, block->data + q.offset, resp.length)
-              : SendFileFull(fd, block->fd, block->offset + q.offset, resp.length);
+      absl::Status sent = block->data != nullptr
+                              ? WriteFull(fd, block->data + q.offset, resp.length)
+                              : SendFileFull(fd, block->fd, block->offset + q.offset, resp.length);
       if (!sent.ok()) return false;
       Count(&Stats::bytes, resp.length);
       return true;
@@ -298,8 +297,7 @@ class TcpServer final : public BlockServer {
       out->resize(at + resp.length);
       if (block->data != nullptr) {
         memcpy(out->data() + at, block->data + q.offset, resp.length);
-      } else if (!PreadFull(block->fd, block->offset + q.offset, resp.length,
-                            out->data() + at)) {
+      } else if (!PreadFull(block->fd, block->offset + q.offset, resp.length, out->data() + at)) {
         out->resize(at);
         (void)Flush(fd, out);  // best effort: the client sees a short read and moves on
         return false;

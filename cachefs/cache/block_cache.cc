@@ -317,8 +317,8 @@ std::vector<BlockCache::InsertResult> BlockCache::InsertMany(const std::vector<I
       continue;
     }
     if (!p.small) {
-      p.err = files_.WriteBlock(p.item.addr, p.item.file_size, p.item.offset, p.item.data,
-                                &p.stamp);
+      p.err =
+          files_.WriteBlock(p.item.addr, p.item.file_size, p.item.offset, p.item.data, &p.stamp);
       i++;
       continue;
     }
@@ -376,8 +376,7 @@ void BlockCache::BeginInsert(const InsertItem& item, Pending* p) {
       absl::MutexLock lock(&mu_);
       not_admitted_++;
       p->decided = true;
-      p->result =
-          err == ENOSPC || err == EDQUOT ? InsertResult::kNoSpace : InsertResult::kError;
+      p->result = err == ENOSPC || err == EDQUOT ? InsertResult::kNoSpace : InsertResult::kError;
       return;
     }
   }

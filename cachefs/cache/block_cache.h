@@ -251,8 +251,7 @@ class BlockCache {
     uint64_t stamp = 0;
   };
   void BeginInsert(const InsertItem& item, Pending* p) ABSL_LOCKS_EXCLUDED(mu_);
-  InsertResult FinishInsert(const Pending& p, const absl::Status& indexed)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  InsertResult FinishInsert(const Pending& p, const absl::Status& indexed) ABSL_LOCKS_EXCLUDED(mu_);
   // Loads the index into memory (recovery.cc). Returns: how many records were forgotten.
   size_t LoadIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts down to the capacity, oldest first, skipping pinned blocks (recovery.cc).

@@ -562,17 +562,20 @@ TEST(SegmentTest, ABatchIsPackedInOrderAndSurvivesARestart) {
     ASSERT_EQ(cache->Insert({1, 1, 1, 0}, first.size(), 0, first,
                             BlockChecksum(first.data(), first.size())),
               BlockCache::InsertResult::kStored);
-    for (uint64_t f = 1; f <= 200; f++) data.push_back(f == 1 ? first : Bytes(100 + f * 53 % 4000, f));
+    for (uint64_t f = 1; f <= 200; f++)
+      data.push_back(f == 1 ? first : Bytes(100 + f * 53 % 4000, f));
     std::vector<BlockCache::InsertItem> items;
     for (uint64_t f = 1; f <= 200; f++) {
       const std::string& d = data[f - 1];
       items.push_back({{1, 1, f, 0}, d.size(), 0, d, BlockChecksum(d.data(), d.size())});
-      if (f == 100) items.push_back({{1, 1, 1000, 0}, big.size(), 0, big,
-                                     BlockChecksum(big.data(), big.size())});
+      if (f == 100)
+        items.push_back(
+            {{1, 1, 1000, 0}, big.size(), 0, big, BlockChecksum(big.data(), big.size())});
     }
     std::vector<BlockCache::InsertResult> got = cache->InsertMany(items);
     ASSERT_EQ(got.size(), items.size());
-    for (size_t i = 0; i < got.size(); i++) EXPECT_EQ(got[i], BlockCache::InsertResult::kStored) << i;
+    for (size_t i = 0; i < got.size(); i++)
+      EXPECT_EQ(got[i], BlockCache::InsertResult::kStored) << i;
     EXPECT_EQ(CountFiles(dir.Sub("segments")), 1u);
     EXPECT_EQ(CountFiles(dir.Sub("blocks")), 1u);
     // End to end in the order given (the one resident before stays where it was).

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -126,10 +126,6 @@ int CacheFiles::ClaimSmall(size_t len, SmallSlot* slot) {
   slot->fd = active_fd_;
   active_end_ += len;
   return 0;
-}
-
-int CacheFiles::WriteSmall(const SmallSlot& slot, std::string_view data, uint64_t* stamp) {
-  return WriteSmallRun({&slot}, {data}, stamp);
 }
 
 int CacheFiles::WriteSmallRun(const std::vector<const SmallSlot*>& slots,

@@ -61,7 +61,7 @@ class CacheFiles {
   int WriteBlock(const BlockAddr& addr, uint64_t file_size, uint64_t offset, std::string_view data,
                  uint64_t* stamp);
   // Where a small object goes: a range of the active segment, claimed by ClaimSmall (nothing is
-  // written yet: a claimed range never written stays a hole) and written by WriteSmall.
+  // written yet: a claimed range never written stays a hole) and written by WriteSmallRun.
   struct SmallSlot {
     uint32_t segment = 0;
     uint64_t offset = 0;
@@ -69,11 +69,9 @@ class CacheFiles {
   };
   // Returns: 0, or the errno of creating the next segment.
   int ClaimSmall(size_t len, SmallSlot* slot) ABSL_LOCKS_EXCLUDED(seg_mu_);
-  // Writes the object into its slot; *stamp is the segment's ChangeStamp after the write. A
-  // failed write leaves its range punched. Returns: 0, or the errno of the failure.
-  int WriteSmall(const SmallSlot& slot, std::string_view data, uint64_t* stamp);
-  // The same for objects whose slots follow each other in one segment (claimed one after the
-  // other): one vectored write for all. Returns: 0, or the errno (the whole run is punched).
+  // Writes objects whose slots follow each other in one segment (claimed one after the other)
+  // with one vectored write; *stamp is the segment's ChangeStamp after it. A failed write leaves
+  // the whole run punched. Returns: 0, or the errno of the failure.
   int WriteSmallRun(const std::vector<const SmallSlot*>& slots,
                     const std::vector<std::string_view>& data, uint64_t* stamp);
   // The segment appends go to now (0 before the first append).

@@ -34,7 +34,8 @@ metrics::Histogram* Stage(const char* stage) {
   return metrics::Global().GetHistogram(
       "ember_fill_stage_seconds",
       "Stages of block fills after the bytes arrived: waiting for a writer (write_queue), "
-      "claiming checksums in meta (claim, per batch), storing in the cache (cache_write, per block: a batch's time shared out).",
+      "claiming checksums in meta (claim, per batch), storing in the cache (cache_write, per "
+      "block: a batch's time shared out).",
       {{"stage", stage}});
 }
 double Since(std::chrono::steady_clock::time_point t) {
