@@ -4,6 +4,7 @@
 // manifests against the API schemas (npm kubernetes-models). Each tool is installed by
 // tools/install-deps.sh (npm packages by this test into the build dir); a test whose tool is
 // missing is skipped with a message saying which.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -134,7 +135,7 @@ TEST_F(OperateTest, ReaddirplusOnlyWhenAskedFor) {
     o.id = plus ? "plus" : "plain";
     o.cache_size = "64MiB";
     maddr = absl::StrCat("127.0.0.1:", testing::FreePort());
-    o.extra_args = {"--metrics-listen", maddr};
+    o.extra_args = {"--metrics-listen", maddr, "--fuse-no-open"};
     if (plus) o.extra_args.push_back("--readdirplus");
     NodeProcess n(dir_.Sub(o.id), meta_->address(), o);
     ASSERT_TRUE(n.Start());
@@ -162,6 +163,54 @@ TEST_F(OperateTest, ReaddirplusOnlyWhenAskedFor) {
     }
     ASSERT_TRUE(n.Stop()) << n.Log();
   }
+}
+
+// --fuse-no-open: the first OPEN is answered ENOSYS and the kernel sends neither OPEN nor RELEASE
+// after it. Files read right (small ones, and a file of several blocks through its inode's read
+// state), a file in the mount's page cache is read again with no request at all, write opens
+// still fail, and nothing goes through passthrough.
+TEST_F(OperateTest, NoOpenMountReadsFilesWithoutOpenRequests) {
+  const std::string origin = dir_.Sub("small-origin");
+  fs::create_directories(origin + "/d");
+  for (int i = 0; i < 20; i++) {
+    WriteRandomFile(absl::StrCat(origin, "/d/s", i, ".bin"), 1000 + i * 37, 70 + i);
+  }
+  WriteRandomFile(origin + "/big.bin", (9 << 20) + 5, 99);
+  auto add = RunEmber({"dataset", "add", "small", origin, "--meta", meta_->address()});
+  ASSERT_EQ(add.exit_code, 0) << add.err;
+  NodeProcess::Options o;
+  o.id = "noopen";
+  o.cache_size = "64MiB";
+  const std::string maddr = absl::StrCat("127.0.0.1:", testing::FreePort());
+  o.extra_args = {"--metrics-listen", maddr, "--fuse-no-open"};
+  NodeProcess n(dir_.Sub(o.id), meta_->address(), o);
+  ASSERT_TRUE(n.Start());
+  auto metric = [&](const std::string& series) {
+    return std::max(0.0, Sample(HttpGet(maddr, "/metrics"), series));
+  };
+  auto ops = [&](const std::string& op) {
+    return metric(absl::StrCat("ember_fuse_request_seconds_count{op=\"", op, "\"}"));
+  };
+  const std::string root = n.mount() + "/small";
+  double reads_after_first = 0;
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 20; i++) {
+      ASSERT_EQ(ReadFile(absl::StrCat(root, "/d/s", i, ".bin")),
+                ReadFile(absl::StrCat(origin, "/d/s", i, ".bin")))
+          << "file " << i << " round " << round;
+    }
+    if (round == 0) reads_after_first = ops("read");
+  }
+  EXPECT_GE(reads_after_first, 20);
+  EXPECT_EQ(ops("read"), reads_after_first) << "files in the page cache were read again";
+  ASSERT_EQ(ReadFile(root + "/big.bin"), ReadFile(origin + "/big.bin"));
+  EXPECT_LE(ops("open"), 1) << "the kernel kept sending OPEN";
+  EXPECT_EQ(ops("release"), 0);
+  EXPECT_EQ(metric("ember_fuse_opens_total{mode=\"passthrough\"}"), 0);
+  errno = 0;
+  EXPECT_EQ(open((root + "/d/s0.bin").c_str(), O_WRONLY), -1);
+  EXPECT_EQ(errno, EROFS);
+  ASSERT_TRUE(n.Stop()) << n.Log();
 }
 
 TEST_F(OperateTest, PrometheusScrapesANodeAndAnswersAQuery) {

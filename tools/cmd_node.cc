@@ -53,6 +53,7 @@ struct NodeFlags {
   bool readdirplus = false;
   bool direct_io = false;
   bool fuse_uring = false;
+  bool fuse_no_open = false;
   std::string fuse_readahead = "4MiB";
   bool takeover = false;
   bool supervise = false;
@@ -117,6 +118,10 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_flag("--fuse-uring", f->fuse_uring,
               "Answer FUSE requests over io_uring, on the CPU that made each (Linux 6.14+ with "
               "the fuse module's enable_uring on); not with --takeover/--supervise");
+  c->add_flag("--fuse-no-open", f->fuse_no_open,
+              "The kernel opens files without asking the agent (no OPEN/RELEASE requests: a file "
+              "in the page cache is read with none at all); no passthrough. For datasets of many "
+              "small files; kernel binding");
   c->add_flag("--buffered-cache-writes", f->buffered_cache_writes,
               "Write filled blocks through the page cache instead of with O_DIRECT");
   c->add_option("--small-file-max", f->small_file_max,
@@ -174,6 +179,10 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.mount.readdirplus = f.readdirplus;
   o.mount.direct_io = f.direct_io;
   o.mount.fuse_uring = f.fuse_uring;
+  o.mount.no_open = f.fuse_no_open;
+  if (f.fuse_no_open && f.fuse_binding != "kernel") {
+    Fail("--fuse-no-open needs --fuse-binding kernel");
+  }
   if (f.fuse_uring && f.fuse_binding != "kernel") Fail("--fuse-uring needs --fuse-binding kernel");
   if (f.fuse_uring && (f.takeover || f.supervise)) {
     Fail(

@@ -67,6 +67,7 @@ void Readahead::Queue(const FileRef& file, uint64_t first, int count) {
     const BlockAddr addr = file.Block(i);
     if (!cache_->Resident(addr) && !inflight_->InFlight(addr)) wanted.push_back(i);
   }
+  if (wanted.empty()) return;  // the common case of a small file's read: no wake-up at all
   std::vector<BlockAddr> queued;
   {
     absl::MutexLock lock(&mu_);
@@ -76,7 +77,9 @@ void Readahead::Queue(const FileRef& file, uint64_t first, int count) {
       queued.push_back(file.Block(i));
     }
   }
-  cv_.SignalAll();
+  // One worker per queued block (waking them all for one block cost every small read a
+  // futex storm: 18% of the agent's time in a tiny-file epoch).
+  for (size_t n = 0; n < queued.size(); n++) cv_.Signal();
   // One Locate for the whole readahead window.
   if (peers_ != nullptr && !queued.empty()) peers_->LocateAhead(queued);
 }

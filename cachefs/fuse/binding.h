@@ -38,6 +38,13 @@ struct MountOptions {
   // No takeover or supervisor with it: the rings cannot be handed over.
   bool fuse_uring = false;
   int uring_threads_per_cpu = 4;
+  // Kernel binding: answer OPEN with ENOSYS, so the kernel stops sending OPEN and RELEASE for
+  // the mount's files (directories still open as usual): a file already in the mount's page
+  // cache is read with no request at all, one not yet there costs LOOKUP and READ. Files open
+  // with keep-cache (versions are immutable). No passthrough: resident large files are read
+  // through the agent and the mount's page cache. For nodes serving datasets of many small
+  // files. Off by default.
+  bool no_open = false;
   bool debug = false;
 };
 

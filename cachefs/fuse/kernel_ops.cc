@@ -71,6 +71,9 @@ void OpReadlink(const Request& r) {
 void OpOpen(const Request& r) {
   const auto* in = r.Args<fuse_open_in>();
   if (in == nullptr) return;
+  // No-open mode: from this answer on the kernel opens files itself (keep-cache) and sends
+  // neither OPEN nor RELEASE again. The mount is read-only ("ro"), so write opens fail before.
+  if (r.files->no_open()) return ReplyError(r.ch, r.unique(), ENOSYS);
   OpenFiles::Opened opened;
   int err = r.files->Open(r.h.nodeid, static_cast<int>(in->flags), &opened);
   if (err != 0) return ReplyError(r.ch, r.unique(), err);
@@ -85,7 +88,9 @@ void OpOpen(const Request& r) {
 void OpRead(const Request& r) {
   const auto* in = r.Args<fuse_read_in>();
   if (in == nullptr) return;
-  std::shared_ptr<FileSystem::FileHandle> handle = r.files->Handle(in->fh);
+  std::shared_ptr<FileSystem::FileHandle> handle = in->fh == 0 && r.files->no_open()
+                                                       ? r.files->InodeHandle(r.h.nodeid)
+                                                       : r.files->Handle(in->fh);
   const size_t size = std::min<size_t>(in->size, kMaxRead);
   // Bytes from the cache are copied (checked) straight into the reply buffer: the ring entry's
   // payload when the request came through one (no copy after), else this thread's scratch.

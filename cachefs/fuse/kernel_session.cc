@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Mount(FileSystem* fs,
   if (!session.ok()) return session.status();
   k->session_ = *session;
   k->fd_ = fuse_session_fd(k->session_);
-  k->files_ = std::make_unique<OpenFiles>(fs, k->fd_, options.direct_io);
+  k->files_ = std::make_unique<OpenFiles>(fs, k->fd_, options.direct_io, options.no_open);
   spdlog::info("mount: serving datasets at {} (kernel protocol)", k->mountpoint_);
   return k;
 }
@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Adopt(FileSystem* fs, Ke
   k->proto_minor_ = state.proto_minor;
   k->negotiated_passthrough_ = state.passthrough;
   k->direct_io_mmap_ = state.direct_io_mmap;
-  k->files_ = std::make_unique<OpenFiles>(fs, k->fd_, options.direct_io);
+  k->files_ = std::make_unique<OpenFiles>(fs, k->fd_, options.direct_io, options.no_open);
   // Negotiated by the predecessor; the successor's flags may turn new passthrough opens off
   // (or on again) without a remount.
   k->files_->SetNegotiated(state.passthrough && options.passthrough, state.direct_io_mmap);
@@ -132,7 +132,7 @@ bool KernelFuse::HandleInit() {
   uint64_t want = (options_.readdirplus ? FUSE_DO_READDIRPLUS : 0) | FUSE_ASYNC_READ |
                   FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES | FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT;
   if (options_.direct_io) want |= FUSE_ASYNC_DIO | FUSE_DIRECT_IO_ALLOW_MMAP;
-  if (options_.passthrough) want |= FUSE_PASSTHROUGH;
+  if (options_.passthrough && !options_.no_open) want |= FUSE_PASSTHROUGH;
   if (options_.fuse_uring) want |= kFuseOverIoUring;
   uint64_t flags = offered & want;
   InitOut out;

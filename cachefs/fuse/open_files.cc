@@ -26,8 +26,8 @@ constexpr unsigned long kIocBackingClose = _IOW(229, 2, uint32_t);
 
 }  // namespace
 
-OpenFiles::OpenFiles(FileSystem* fs, int fuse_fd, bool direct_io)
-    : fs_(fs), fuse_fd_(fuse_fd), direct_io_(direct_io) {}
+OpenFiles::OpenFiles(FileSystem* fs, int fuse_fd, bool direct_io, bool no_open)
+    : fs_(fs), fuse_fd_(fuse_fd), direct_io_(direct_io), no_open_(no_open) {}
 
 void OpenFiles::SetNegotiated(bool passthrough, bool direct_io_mmap) {
   passthrough_ = passthrough;
@@ -148,6 +148,32 @@ std::shared_ptr<FileSystem::FileHandle> OpenFiles::Handle(uint64_t fh) {
   absl::MutexLock lock(&mu_);
   auto it = opens_.find(fh);
   return it == opens_.end() ? nullptr : it->second.handle;
+}
+
+std::shared_ptr<FileSystem::FileHandle> OpenFiles::InodeHandle(uint64_t ino) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = stream_of_.find(ino);
+    if (it != stream_of_.end()) {
+      streams_.splice(streams_.begin(), streams_, it->second);
+      return it->second->second;
+    }
+  }
+  auto h = fs_->Open(ino, O_RDONLY);
+  if (!h.ok()) return nullptr;
+  std::shared_ptr<FileSystem::FileHandle> handle = std::move(*h);
+  std::shared_ptr<FileSystem::FileHandle> dropped;  // destroyed after the lock
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = stream_of_.try_emplace(ino);
+  if (!added) return it->second->second;  // another reader of this file made it meanwhile
+  streams_.emplace_front(ino, handle);
+  it->second = streams_.begin();
+  if (streams_.size() > kInodeStreams) {
+    dropped = std::move(streams_.back().second);
+    stream_of_.erase(streams_.back().first);
+    streams_.pop_back();
+  }
+  return handle;
 }
 
 void OpenFiles::Release(uint64_t fh) {

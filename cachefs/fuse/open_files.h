@@ -11,6 +11,11 @@
 //
 // Under a supervisor (supervisor.h) every open and release is reported to it.
 //
+// No-open mode (MountOptions::no_open): OPEN is answered ENOSYS, after which the kernel opens
+// every file of the mount without asking (and never sends RELEASE), with FOPEN_KEEP_CACHE. Reads
+// then carry no fh: their per-file read state lives in a small table by inode (the most
+// recently read kInodeStreams files), and there is no passthrough.
+//
 // Thread-safe; one mutex. FileSystem calls (Open, OpenBacking) and the destruction of handles
 // and holds happen outside it. Under it: the backing ioctls on /dev/fuse, and the reports to
 // the supervisor: they are sent in the order the table changed, which a successor's copy must
@@ -21,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <unordered_map>
 
@@ -34,9 +40,13 @@ namespace ember::cachefs {
 
 class OpenFiles {
  public:
-  // `fuse_fd`: the mount's /dev/fuse (for backing ioctls). `direct_io`: MountOptions::direct_io.
-  // The FileSystem must outlive this.
-  OpenFiles(FileSystem* fs, int fuse_fd, bool direct_io);
+  // `fuse_fd`: the mount's /dev/fuse (for backing ioctls). `direct_io`, `no_open`: those of
+  // MountOptions. The FileSystem must outlive this.
+  OpenFiles(FileSystem* fs, int fuse_fd, bool direct_io, bool no_open = false);
+  static constexpr size_t kInodeStreams = 1024;
+
+  // No-open mode: OPEN is answered ENOSYS.
+  bool no_open() const { return no_open_; }
 
   // What INIT negotiated (or the predecessor's INIT, after a takeover). `passthrough`: new opens
   // of resident files may use passthrough.
@@ -58,6 +68,9 @@ class OpenFiles {
   // Returns: the FileSystem's handle of an open file; nullptr if the file is unknown or read
   // through passthrough.
   std::shared_ptr<FileSystem::FileHandle> Handle(uint64_t fh) ABSL_LOCKS_EXCLUDED(mu_);
+  // No-open mode: the read state of `ino`, made on its first read (nullptr if the FileSystem
+  // cannot open it: the read then goes on without).
+  std::shared_ptr<FileSystem::FileHandle> InodeHandle(uint64_t ino) ABSL_LOCKS_EXCLUDED(mu_);
   void Release(uint64_t fh) ABSL_LOCKS_EXCLUDED(mu_);
   // Unregisters every backing file from the kernel (the mount is ending, not handed over).
   void CloseAllBacking() ABSL_LOCKS_EXCLUDED(mu_);
@@ -94,6 +107,7 @@ class OpenFiles {
   FileSystem* const fs_;
   const int fuse_fd_;
   const bool direct_io_;
+  const bool no_open_;
   std::atomic<bool> passthrough_{false};  // new opens of resident files use passthrough
   std::atomic<bool> direct_io_mmap_{false};
   std::atomic<uint64_t> passthrough_opens_{0}, daemon_opens_{0};
@@ -102,6 +116,10 @@ class OpenFiles {
   std::unordered_map<uint64_t, OpenRecord> opens_ ABSL_GUARDED_BY(mu_);  // by fh
   std::unordered_map<uint64_t, Inode> inodes_ ABSL_GUARDED_BY(mu_);      // inodes with opens
   uint64_t next_fh_ ABSL_GUARDED_BY(mu_) = 1;
+  // No-open mode: read state by inode, most recently read first.
+  using StreamList = std::list<std::pair<uint64_t, std::shared_ptr<FileSystem::FileHandle>>>;
+  StreamList streams_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, StreamList::iterator> stream_of_ ABSL_GUARDED_BY(mu_);
   int supervisor_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
