@@ -3,7 +3,8 @@
 # processes, beside the machine's ceilings for the same work measured in the same run. Not a
 # test. Part of `make bench` (bench.sh). SETS (default "imagenet tiny") picks the datasets
 # (bench/gen_small.py, made once under $EMBER_BENCH_DIR/small): imagenet = 50,000 files of
-# ~110 KB in 1,000 folders; tiny = 200,000 files of 1-4 KB. NODE_ARGS go to every `ember node`.
+# ~110 KB in 1,000 folders; tiny = 200,000 files of 1-4 KB. NODE_ARGS go to every `ember node`
+# (default --fuse-no-open, as a node serving small-file datasets is set up; NODE_ARGS= for none).
 # Writes a markdown table to stdout and one JSON object per figure to $BUILD/bench/small.json.
 #
 # Per dataset, one run:
@@ -22,6 +23,7 @@
 #             through its mount (4 readers; blocks come from the origin on disk), against the
 #             tree read cold.
 set -euo pipefail
+export NODE_ARGS=${NODE_ARGS---fuse-no-open}
 . "$(dirname "$0")/common.sh"
 BUILD=$(realpath "${1:-build}")
 B=$BUILD/bin

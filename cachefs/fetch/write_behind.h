@@ -7,7 +7,8 @@
 // in one batch (BlockCache::InsertMany, those the policy admits; reported to meta through the
 // cache's change log). A block whose claim conflicts is not stored and leaves RecentBlocks (the
 // book remembers it; later fills of it fail). Each write then settles its fill and ends it in
-// SingleFlight. The queue is bounded (64 blocks, 64 MiB): when it is full the fill stores its block
+// SingleFlight. A writer finding only a few small blocks queued waits up to 3 ms for a batch of
+// 64. The queue is bounded (1024 blocks, 64 MiB): when it is full the fill stores its block
 // itself, which slows fills to the disk's pace.
 //
 // Thread-safe. The queue's mutex is held only to queue and take writes; nothing is called
