@@ -305,7 +305,7 @@ void PrefetchRunner::Run(Running* r) {
   };
   auto settle = [&](std::vector<Pending>& pending) {
     for (Pending& p : pending) {
-      if (auto s = ReadPath::Settled(p.fill); !s.ok()) p.src = s;
+      if (auto s = read_path_->Settled(p.fill); !s.ok()) p.src = s;
     }
     absl::MutexLock lock(&mu);
     for (Pending& p : pending) account(p.item, p.src);

@@ -63,6 +63,10 @@ absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, s
   return ReadBlocks(stream.file(), offset, size, &stream, buf);
 }
 
+void ReadPath::ReadAheadFiles(const std::vector<FileRef>& files) {
+  if (options_.readahead_blocks > 0) readahead_->QueueFiles(files);
+}
+
 absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size,
                                           char* buf) {
   return ReadBlocks(file, offset, size, nullptr, buf);
@@ -300,6 +304,7 @@ std::vector<ReadPath::Started> ReadPath::StartFromPeers(
 }
 
 absl::Status ReadPath::Settled(const std::shared_ptr<Fill>& fill) {
+  write_behind_->Hurry();  // someone waits: no lingering for a batch
   return fill->WaitSettled() ? OriginChanged() : absl::OkStatus();
 }
 

@@ -93,6 +93,11 @@ class ReadPath {
   absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size,
                                   char* buf = nullptr);
 
+  // Fills ahead the (one-block) files a reader going through a folder will read next (the
+  // next files of the folder: block readahead never crosses to another file). Not with
+  // readahead_blocks 0.
+  void ReadAheadFiles(const std::vector<FileRef>& files);
+
   // Where a block made resident came from.
   enum class Source { kResident, kPeer, kOrigin };
   // Makes one block resident and waits until it is stored (prefetch), from where `route` says.
@@ -115,9 +120,9 @@ class ReadPath {
   };
   std::vector<Started> StartFromPeers(
       const std::vector<std::pair<const FileRef*, uint64_t>>& blocks);
-  // Waits for a fill StartResident returned to be stored. Returns: Ok; FailedPrecondition when
-  // the origin changed.
-  static absl::Status Settled(const std::shared_ptr<Fill>& fill);
+  // Waits for a fill StartResident returned to be stored (write-behind stops waiting for a
+  // larger batch). Returns: Ok; FailedPrecondition when the origin changed.
+  absl::Status Settled(const std::shared_ptr<Fill>& fill);
 
   // A block filled moments ago and still in memory, with its checksum (for peers).
   // Returns: its bytes, or nullptr.

@@ -574,7 +574,7 @@ TEST_F(ReadPathTest, BlocksFromPeersManyAtOnceAreEachChecked) {
     ASSERT_TRUE(started[i].src.ok()) << i << ": " << started[i].src.status();
     EXPECT_EQ(*started[i].src, ReadPath::Source::kPeer);
     ASSERT_NE(started[i].fill, nullptr);
-    EXPECT_TRUE(ReadPath::Settled(started[i].fill).ok());
+    EXPECT_TRUE(read_path_->Settled(started[i].fill).ok());
     EXPECT_TRUE(cache_->Resident(ref.Block(i))) << i;
   }
   EXPECT_FALSE(cache_->Resident(ref.Block(2)));

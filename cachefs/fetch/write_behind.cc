@@ -73,6 +73,16 @@ void WriteBehind::Submit(Write w) {
   StoreAll(ws);
 }
 
+void WriteBehind::Hurry() {
+  bool wake = false;
+  {
+    absl::MutexLock lock(&mu_);
+    wake = !hurry_ && !writes_.empty();
+    if (wake) hurry_ = true;
+  }
+  if (wake) cv_.SignalAll();
+}
+
 void WriteBehind::Writer() {
   for (;;) {
     std::vector<Write> ws;
@@ -81,14 +91,15 @@ void WriteBehind::Writer() {
       while (!stopping_ && writes_.empty()) cv_.Wait(&mu_);
       if (writes_.empty()) return;
       const auto deadline = writes_.front().submitted + kLinger;
-      while (!stopping_ && !writes_.empty() && writes_.size() < kBatch &&
+      while (!stopping_ && !hurry_ && !writes_.empty() && writes_.size() < kBatch &&
              queued_bytes_ < kLingerBelowBytes) {
         const auto now = std::chrono::steady_clock::now();
         if (now >= deadline) break;
         cv_.WaitWithTimeout(&mu_, absl::FromChrono(deadline - now));
       }
       if (writes_.empty()) continue;  // another writer took them
-      while (!writes_.empty()) {      // all that queued up: one meta call for their checksums
+      hurry_ = false;
+      while (!writes_.empty()) {  // all that queued up: one meta call for their checksums
         queued_bytes_ -= writes_.front().data->size();
         ws.push_back(std::move(writes_.front()));
         writes_.pop_front();

@@ -7,9 +7,10 @@
 // in one batch (BlockCache::InsertMany, those the policy admits; reported to meta through the
 // cache's change log). A block whose claim conflicts is not stored and leaves RecentBlocks (the
 // book remembers it; later fills of it fail). Each write then settles its fill and ends it in
-// SingleFlight. A writer finding only a few small blocks queued waits up to 3 ms for a batch of
-// 64. The queue is bounded (1024 blocks, 64 MiB): when it is full the fill stores its block
-// itself, which slows fills to the disk's pace.
+// SingleFlight. A writer finding only a few small blocks queued waits up to 10 ms for a batch
+// of 256, unless someone waits for a write to settle (Hurry: a prefetch). The queue is bounded
+// (1024 blocks, 64 MiB): when it is full the fill stores its block itself, which slows fills to the
+// disk's pace.
 //
 // Thread-safe. The queue's mutex is held only to queue and take writes; nothing is called
 // under it.
@@ -56,6 +57,9 @@ class WriteBehind {
 
   // Queues the write, or stores it now when the queue is full (or the writers are ending).
   void Submit(Write w) ABSL_LOCKS_EXCLUDED(mu_);
+  // Someone waits for a queued write to settle: the writers take what is queued now instead of
+  // waiting for a larger batch.
+  void Hurry() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // Claims the checksums of the writes that need it in one call, then stores each write (or,
@@ -73,6 +77,7 @@ class WriteBehind {
   std::deque<Write> writes_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool hurry_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> writers_;
 };
 
