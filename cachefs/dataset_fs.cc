@@ -161,55 +161,10 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> DatasetFs::Open(uint64_t
   return std::make_unique<File>(read_path_->OpenStream(MakeFileRef(*r->first, file_id)));
 }
 
-void DatasetFs::ReadAheadInFolder(const DatasetView& view, uint64_t file_id, const FsNode& node) {
-  if (node.type != rpc::FileEntry::FILE || node.size > view.block_size) return;
-  const FsNode* dir = view.Get(node.parent);
-  if (dir == nullptr) return;
-  const std::vector<uint64_t>& children = dir->children;
-  // Children are sorted by name; ids follow the manifest's order, which is the same, so the
-  // file's place is found by id (if not, nothing is read ahead).
-  auto it = std::lower_bound(children.begin(), children.end(), file_id);
-  if (it == children.end() || *it != file_id) return;
-  const uint64_t pos = static_cast<uint64_t>(it - children.begin());
-  uint64_t from = 0, to = 0;
-  {
-    absl::MutexLock lock(&folders_mu_);
-    if (folders_.size() >= kFoldersKept) folders_.clear();
-    Folder& f = folders_[{&view, node.parent}];
-    bool sequential = false;
-    for (uint64_t r : f.recent) sequential |= r + 1 == pos || r + 2 == pos;
-    f.recent[f.next++ % 4] = pos;
-    if (!sequential) return;
-    from = std::max(pos + 1, f.queued_until);
-    to = std::min<uint64_t>(children.size(), pos + 1 + kFolderWindow);
-    if (from >= to) return;
-    f.queued_until = to;
-  }
-  std::vector<FileRef> ahead;
-  ahead.reserve(to - from);
-  for (uint64_t i = from; i < to; i++) {
-    const FsNode* n = view.Get(children[i]);
-    if (n == nullptr || n->type != rpc::FileEntry::FILE || n->size == 0) continue;
-    if (n->size > view.block_size) continue;
-    ahead.push_back(MakeFileRef(view, children[i]));
-  }
-  if (!ahead.empty()) read_path_->ReadAheadFiles(ahead);
-}
-
 absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uint64_t offset,
                                            size_t size, char* buf) {
   std::unique_ptr<ReadStream> rebuilt;
   ReadStream* stream = nullptr;
-  if (offset == 0) {
-    // A file's first read: maybe the next one of a folder read in order.
-    auto r = Resolve(ino);
-    if (r.ok()) {
-      uint32_t ds, v;
-      uint64_t file_id;
-      SplitIno(ino, &ds, &v, &file_id);
-      ReadAheadInFolder(*r->first, file_id, *r->second);
-    }
-  }
   if (handle != nullptr) {
     stream = static_cast<File*>(handle)->stream.get();
   } else {

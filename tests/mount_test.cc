@@ -289,30 +289,6 @@ TEST_F(MountTest, ConcurrentColdReadersFillEachBlockOnce) {
   EXPECT_EQ(Settled(*node).origin_block_reads(), 17u);  // 64 MiB + a bit = 17 blocks
 }
 
-// Folder readahead: a reader going through a folder's small files in name order gets the next
-// ones filled ahead; one jumping around (a shuffled epoch) reads from the origin only what it
-// reads.
-TEST_F(MountTest, AFolderReadInOrderIsFilledAheadAndAShuffledOneIsNot) {
-  MakeDataset(false);
-  auto node = StartNode();
-  const std::string dir = "/a/b/c";
-  std::vector<std::string> names;  // name order, as the manifest's
-  for (auto& e : fs::directory_iterator(origin_ + dir)) names.push_back(e.path().filename());
-  std::sort(names.begin(), names.end());
-  ASSERT_EQ(names.size(), 50u);
-  auto read = [&](size_t pos) {
-    EXPECT_TRUE(ReadUncached(node->mount() + "/ds" + dir + "/" + names[pos]) ==
-                ReadFile(origin_ + dir + "/" + names[pos]))
-        << names[pos] << " differs";
-  };
-  for (size_t pos : {40, 5, 23, 11}) read(pos);
-  EXPECT_EQ(Settled(*node).origin_block_reads(), 4u) << "a shuffled reader got files read ahead";
-  read(0);
-  read(1);  // follows 0: the next 6 (positions 2-7) are filled ahead; 5 is cached already
-  EXPECT_EQ(Settled(*node).origin_block_reads(), 4u + 2 + 5);
-  for (size_t pos = 2; pos < 8; pos++) read(pos);
-}
-
 // mmap (safetensors, numpy memmap) of files read through the agent (not yet cached; also as
 // direct-I/O opens with --direct-io) and of cached ones (passthrough), shared and private.
 TEST_F(MountTest, MmapOfColdAndCachedFilesGivesTheRightBytes) {

@@ -63,10 +63,6 @@ absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, s
   return ReadBlocks(stream.file(), offset, size, &stream, buf);
 }
 
-void ReadPath::ReadAheadFiles(const std::vector<FileRef>& files) {
-  if (options_.readahead_blocks > 0) readahead_->QueueFiles(files);
-}
-
 absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size,
                                           char* buf) {
   return ReadBlocks(file, offset, size, nullptr, buf);

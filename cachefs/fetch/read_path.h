@@ -93,11 +93,6 @@ class ReadPath {
   absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size,
                                   char* buf = nullptr);
 
-  // Fills ahead the (one-block) files a reader going through a folder will read next (the
-  // next files of the folder: block readahead never crosses to another file). Not with
-  // readahead_blocks 0.
-  void ReadAheadFiles(const std::vector<FileRef>& files);
-
   // Where a block made resident came from.
   enum class Source { kResident, kPeer, kOrigin };
   // Makes one block resident and waits until it is stored (prefetch), from where `route` says.

@@ -60,36 +60,21 @@ Readahead::~Readahead() {
 void Readahead::Queue(const FileRef& file, uint64_t first, int count) {
   // What is resident or in flight is looked at before taking the queue's lock (a block that
   // turns resident meanwhile is skipped by the worker).
-  std::vector<std::pair<const FileRef*, uint64_t>> wanted;
+  std::vector<uint64_t> wanted;
   const uint64_t blocks = file.Blocks();
   for (uint64_t i = first; i < first + count && i < blocks; i++) {
     if (wanted.size() >= kMaxQueuedReadahead) break;
     const BlockAddr addr = file.Block(i);
-    if (!cache_->Resident(addr) && !inflight_->InFlight(addr)) wanted.emplace_back(&file, i);
+    if (!cache_->Resident(addr) && !inflight_->InFlight(addr)) wanted.push_back(i);
   }
-  QueueWanted(wanted);
-}
-
-void Readahead::QueueFiles(const std::vector<FileRef>& files) {
-  std::vector<std::pair<const FileRef*, uint64_t>> wanted;
-  for (const FileRef& f : files) {
-    if (wanted.size() >= kMaxQueuedReadahead) break;
-    if (f.Blocks() == 0) continue;
-    const BlockAddr addr = f.Block(0);
-    if (!cache_->Resident(addr) && !inflight_->InFlight(addr)) wanted.emplace_back(&f, 0);
-  }
-  QueueWanted(wanted);
-}
-
-void Readahead::QueueWanted(std::vector<std::pair<const FileRef*, uint64_t>>& wanted) {
   if (wanted.empty()) return;  // the common case of a small file's read: no wake-up at all
   std::vector<BlockAddr> queued;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [file, index] : wanted) {
+    for (uint64_t i : wanted) {
       if (queue_.size() >= kMaxQueuedReadahead) break;
-      queue_.emplace_back(*file, index);
-      queued.push_back(file->Block(index));
+      queue_.emplace_back(file, i);
+      queued.push_back(file.Block(i));
     }
   }
   // One worker per queued block (waking them all for one block cost every small read a

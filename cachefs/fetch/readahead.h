@@ -70,16 +70,9 @@ class Readahead {
 
   // Queues fills of blocks [first, first+count) that are neither resident nor in flight.
   void Queue(const FileRef& file, uint64_t first, int count) ABSL_LOCKS_EXCLUDED(mu_);
-  // Queues fills of the first block of each file (the next small files of a folder), those
-  // neither resident nor in flight, with one Locate for them all.
-  void QueueFiles(const std::vector<FileRef>& files) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Worker() ABSL_LOCKS_EXCLUDED(mu_);
-  // Queues `wanted` ((file, block) pairs) up to the bound, wakes a worker per block queued and
-  // locates them in one call.
-  void QueueWanted(std::vector<std::pair<const FileRef*, uint64_t>>& wanted)
-      ABSL_LOCKS_EXCLUDED(mu_);
 
   BlockCache* const cache_;
   SingleFlight* const inflight_;
