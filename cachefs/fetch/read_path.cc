@@ -59,7 +59,8 @@ absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, s
   const int most = std::max(0, options_.readahead_blocks);
   auto [first, count] =
       stream.Advance(offset, size, std::min(options_.readahead_min_blocks, most), most);
-  if (count > 0 && first < stream.file().Blocks()) readahead_->Queue(stream.file(), first, count);
+  // Queue skips (and wakes nobody for) blocks past the end: a small file queues nothing.
+  if (count > 0) readahead_->Queue(stream.file(), first, count);
   return ReadBlocks(stream.file(), offset, size, &stream, buf);
 }
 
