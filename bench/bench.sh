@@ -12,6 +12,8 @@
 # 3. bench_small.sh: small files at scale (ImageNet-shaped 50,000 x ~110 KB and 200,000 x 1-4 KB):
 #    dataset add, prefetch to 3 nodes, memory per file, find, warm and cold epochs, each beside
 #    the same-run ceiling or native. Figures go into docs/benchmarks.md by hand.
+#    bench_files_memory.sh: agent and meta RSS per file at 200,000 and 1,000,000 files, with
+#    dataset add and find at that size.
 set -euo pipefail
 BUILD=$(realpath "${1:-build}")
 EMBER=$BUILD/bin/ember
@@ -58,6 +60,8 @@ PORT=$((20000 + RANDOM % 20000))
 # ---- small files at scale (bench_small.sh) ----
 say "small files"
 "$(dirname "$0")/bench_small.sh" "$BUILD" | tee -a "$OUT/results.md"
+say "memory per file at 1M files"
+"$(dirname "$0")/bench_files_memory.sh" "$BUILD" | tee -a "$OUT/results.md"
 trap 'stop_all' EXIT
 
 # ---- RDMA: the transport's own cost per block on the fake device, beside TCP (rdma_bench) ----

@@ -25,17 +25,9 @@
 set -euo pipefail
 export NODE_ARGS=${NODE_ARGS---fuse-no-open}
 . "$(dirname "$0")/common.sh"
-BUILD=$(realpath "${1:-build}")
-B=$BUILD/bin
-WORK=${EMBER_BENCH_DIR:-/var/tmp/ember-bench}/small
-OUT=$BUILD/bench
+bench_init bench_small small "${1:-}"
 SETS=${SETS:-imagenet tiny}
-mkdir -p "$WORK" "$OUT"
 : > "$OUT/small.json"
-say() { echo "bench_small: $*" >&2; }
-secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
-now() { date +%s.%N; }
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 NODE_PIDS=()
 trap stop_all EXIT

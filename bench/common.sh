@@ -1,5 +1,21 @@
 # Helpers the bench scripts share (sourced).
 
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }  # T0 T1: seconds between
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }            # PID: resident KiB
+say() { echo "${BENCH_NAME:-bench}: $*" >&2; }
+
+# NAME SUB [BUILD]: BUILD (default build), B (its bin/), WORK ($EMBER_BENCH_DIR/SUB), OUT
+# (BUILD/bench), both made; say() speaks as NAME.
+bench_init() {
+  BENCH_NAME=$1
+  BUILD=$(realpath "${3:-build}")
+  B=$BUILD/bin
+  WORK=${EMBER_BENCH_DIR:-/var/tmp/ember-bench}/$2
+  OUT=$BUILD/bench
+  mkdir -p "$WORK" "$OUT"
+}
+
 wait_for_log() {  # FILE PATTERN PID: until FILE has PATTERN; fails if PID exits or 60 s pass
   for _ in $(seq 600); do
     grep -q "$2" "$1" 2>/dev/null && return 0

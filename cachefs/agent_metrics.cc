@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cachefs/cache/scrubber.h"
+#include "cachefs/namespace.h"
 #include "cachefs/repair.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
@@ -15,12 +16,17 @@ namespace {
 // The prefixes of the figures registered here (they point at this agent).
 constexpr const char* kPrefixes[] = {
     "ember_cache_",       "ember_read_",      "ember_origin_block_reads", "ember_checksum_failures",
-    "ember_peer_fetches", "ember_fuse_opens", "ember_fuse_passthrough"};
+    "ember_peer_fetches", "ember_fuse_opens", "ember_fuse_passthrough",   "ember_manifest_"};
 }  // namespace
 
 rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFuse* kernel,
-                                Scrubber* scrubber, Repairer* repairer) {
+                                Scrubber* scrubber, Repairer* repairer, Namespace* ns) {
   rpc::NodeStats s;
+  if (ns != nullptr) {
+    Namespace::Memory m = ns->GetMemory();
+    s.set_manifest_entries(m.entries);
+    s.set_manifest_bytes(m.bytes);
+  }
   BlockCache::Stats c = cache->GetStats();
   ReadStats r = read_path->GetStats();
   s.set_fuse_binding(kernel != nullptr ? "kernel" : "libfuse");
@@ -93,6 +99,10 @@ absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Start(
       &rpc::NodeStats::used_bytes);
   add("ember_cache_resident_blocks", "Resident blocks.", "gauge", {},
       &rpc::NodeStats::resident_blocks);
+  add("ember_manifest_entries", "Manifest entries held in memory (each version once).", "gauge", {},
+      &rpc::NodeStats::manifest_entries);
+  add("ember_manifest_memory_bytes", "Bytes of the manifests held in memory.", "gauge", {},
+      &rpc::NodeStats::manifest_bytes);
   add("ember_cache_pinned_bytes", "Bytes of blocks pinned by prefetches.", "gauge", {},
       &rpc::NodeStats::pinned_bytes);
   add("ember_cache_evictions_total", "Blocks evicted to make room.", "counter", {},

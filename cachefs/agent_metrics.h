@@ -22,13 +22,14 @@
 
 namespace ember::cachefs {
 
+class Namespace;
 class Repairer;
 class Scrubber;
 
-// The node's figures now. `kernel` is null under the libfuse binding; scrubber and repairer may
-// be null.
+// The node's figures now. `kernel` is null under the libfuse binding; scrubber, repairer and ns
+// may be null.
 rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFuse* kernel,
-                                Scrubber* scrubber, Repairer* repairer);
+                                Scrubber* scrubber, Repairer* repairer, Namespace* ns);
 
 class AgentMetrics {
  public:

@@ -36,7 +36,7 @@ Attr DatasetFs::AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& 
 }
 
 FileRef MakeFileRef(const DatasetView& view, uint64_t file_id) {
-  const FsNode& node = *view.Get(file_id);
+  const FsNode node = *view.Get(file_id);
   FileRef r;
   r.dataset_id = view.dataset_id;
   r.version = view.version;
@@ -47,38 +47,38 @@ FileRef MakeFileRef(const DatasetView& view, uint64_t file_id) {
   r.origin.path = view.PathOf(file_id);
   r.origin.size = node.size;
   r.origin.mtime_ns = node.mtime_ns;
-  r.origin.etag = node.etag;
+  r.origin.etag = std::string(node.etag);
   return r;
 }
 
-absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, const FsNode*>> DatasetFs::Resolve(
+absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, FsNode>> DatasetFs::Resolve(
     uint64_t ino) {
   auto view = ns_->ViewByIno(ino);
   if (!view.ok()) return view.status();
   uint32_t ds, v;
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);
-  const FsNode* node = (*view)->Get(file_id);
-  if (node == nullptr) return absl::NotFoundError(absl::StrCat("no inode ", ino));
-  return std::make_pair(*view, node);
+  auto node = (*view)->Get(file_id);
+  if (!node) return absl::NotFoundError(absl::StrCat("no inode ", ino));
+  return std::make_pair(*view, *node);
 }
 
 absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name) {
   if (parent == kRootIno) {
     auto view = ns_->ViewByName(name);
     if (!view.ok()) return view.status();
-    const FsNode* root = (*view)->Get(1);
+    auto root = (*view)->Get(1);
     return Entry{AttrOf(**view, 1, *root), kRootTimeout};
   }
   auto r = Resolve(parent);
   if (!r.ok()) return r.status();
   const auto& view = std::get<0>(*r);  // not a structured binding: the lambda captures it
-  const auto& dir = std::get<1>(*r);
-  if (dir->type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
+  const FsNode& dir = std::get<1>(*r);
+  if (dir.type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
   auto it =
-      std::lower_bound(dir->children.begin(), dir->children.end(), name,
-                       [&](uint64_t id, const std::string& n) { return view->Get(id)->name < n; });
-  if (it == dir->children.end() || view->Get(*it)->name != name) {
+      std::lower_bound(dir.children.begin(), dir.children.end(), name,
+                       [&](uint32_t id, const std::string& n) { return view->Get(id)->name < n; });
+  if (it == dir.children.end() || view->Get(*it)->name != name) {
     return absl::NotFoundError(absl::StrCat("no entry '", name, "'"));
   }
   return Entry{AttrOf(*view, *it, *view->Get(*it)), kImmutableTimeout};
@@ -91,7 +91,7 @@ absl::StatusOr<Entry> DatasetFs::GetAttr(uint64_t ino) {
   uint32_t ds, v;
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);
-  return Entry{AttrOf(*r->first, file_id, *r->second),
+  return Entry{AttrOf(*r->first, file_id, r->second),
                file_id == 1 ? kRootTimeout : kImmutableTimeout};
 }
 
@@ -101,7 +101,7 @@ absl::Status DatasetFs::ReadDir(
   // Offsets: 1 after ".", 2 after "..", 2 + i after the i-th (1-based) child.
   Attr self, parent = RootAttr();
   std::shared_ptr<const DatasetView> view;
-  const FsNode* dir = nullptr;
+  FsNode dir;
   std::vector<rpc::Dataset> datasets;
   if (ino == kRootIno) {
     self = RootAttr();
@@ -111,12 +111,12 @@ absl::Status DatasetFs::ReadDir(
     if (!r.ok()) return r.status();
     view = r->first;
     dir = r->second;
-    if (dir->type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
+    if (dir.type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
     uint32_t ds, v;
     uint64_t file_id;
     SplitIno(ino, &ds, &v, &file_id);
-    self = AttrOf(*view, file_id, *dir);
-    if (dir->parent != 0) parent = AttrOf(*view, dir->parent, *view->Get(dir->parent));
+    self = AttrOf(*view, file_id, dir);
+    if (dir.parent != 0) parent = AttrOf(*view, dir.parent, *view->Get(dir.parent));
   }
   if (offset < 1 && !fn(".", self, 1)) return absl::OkStatus();
   if (offset < 2 && !fn("..", parent, 2)) return absl::OkStatus();
@@ -131,10 +131,12 @@ absl::Status DatasetFs::ReadDir(
     }
     return absl::OkStatus();
   }
-  for (; i < dir->children.size(); i++) {
-    uint64_t id = dir->children[i];
-    const FsNode* child = view->Get(id);
-    if (!fn(child->name, AttrOf(*view, id, *child), i + 3)) break;
+  std::string name;
+  for (; i < dir.children.size(); i++) {
+    uint64_t id = dir.children[i];
+    const FsNode child = *view->Get(id);
+    name.assign(child.name);
+    if (!fn(name, AttrOf(*view, id, child), i + 3)) break;
   }
   return absl::OkStatus();
 }
@@ -142,8 +144,8 @@ absl::Status DatasetFs::ReadDir(
 absl::StatusOr<std::string> DatasetFs::ReadLink(uint64_t ino) {
   auto r = Resolve(ino);
   if (!r.ok()) return r.status();
-  if (r->second->type != rpc::FileEntry::SYMLINK) return ErrnoStatus(EINVAL, "not a symlink");
-  return r->second->link_target;
+  if (r->second.type != rpc::FileEntry::SYMLINK) return ErrnoStatus(EINVAL, "not a symlink");
+  return std::string(r->second.link_target);
 }
 
 absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> DatasetFs::Open(uint64_t ino, int flags) {
@@ -153,8 +155,8 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> DatasetFs::Open(uint64_t
   if (ino == kRootIno) return ErrnoStatus(EISDIR, "is a directory");
   auto r = Resolve(ino);
   if (!r.ok()) return r.status();
-  if (r->second->type == rpc::FileEntry::DIR) return ErrnoStatus(EISDIR, "is a directory");
-  if (r->second->type != rpc::FileEntry::FILE) return ErrnoStatus(EINVAL, "not a regular file");
+  if (r->second.type == rpc::FileEntry::DIR) return ErrnoStatus(EISDIR, "is a directory");
+  if (r->second.type != rpc::FileEntry::FILE) return ErrnoStatus(EINVAL, "not a regular file");
   uint32_t ds, v;
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);
@@ -188,7 +190,7 @@ absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino, bool ve
   if (ino == kRootIno) return absl::NotFoundError("the root has no backing file");
   auto r = Resolve(ino);
   if (!r.ok()) return r.status();
-  if (r->second->type != rpc::FileEntry::FILE) return absl::NotFoundError("not a regular file");
+  if (r->second.type != rpc::FileEntry::FILE) return absl::NotFoundError("not a regular file");
   uint32_t ds, v;
   uint64_t file_id;
   SplitIno(ino, &ds, &v, &file_id);

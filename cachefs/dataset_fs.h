@@ -45,8 +45,7 @@ class DatasetFs final : public FileSystem {
   };
 
   // Resolves a non-root inode. Returns: NotFound.
-  absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, const FsNode*>> Resolve(
-      uint64_t ino);
+  absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, FsNode>> Resolve(uint64_t ino);
   static Attr AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& node);
   static Attr RootAttr();
 

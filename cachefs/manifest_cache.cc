@@ -89,24 +89,24 @@ std::string EncodeManifest(const DatasetView& v) {
   ds.set_latest_version(v.version);
   auto* info = ds.add_versions();
   info->set_version(v.version);
-  info->set_max_file_id(v.nodes.size());
+  info->set_max_file_id(v.size());
   std::string payload;
   PutMessage(&payload, ds);
   rpc::FileEntry e;
-  for (size_t i = 0; i < v.nodes.size(); i++) {
-    const FsNode& n = v.nodes[i];
+  for (size_t i = 0; i < v.size(); i++) {
+    const FsNode n = *v.Get(i + 1);
     e.Clear();
     e.set_file_id(i + 1);
     e.set_parent_id(n.parent);
-    e.set_name(n.name);
+    e.set_name(std::string(n.name));
     e.set_type(static_cast<rpc::FileEntry::Type>(n.type));
     e.set_size(n.size);
     e.set_mode(n.mode);
     e.set_uid(n.uid);
     e.set_gid(n.gid);
     e.set_mtime_ns(n.mtime_ns);
-    e.set_link_target(n.link_target);
-    e.set_etag(n.etag);
+    e.set_link_target(std::string(n.link_target));
+    e.set_etag(std::string(n.etag));
     PutMessage(&payload, e);
   }
   return Seal(kManifestMagic, std::move(payload));
@@ -132,9 +132,10 @@ absl::StatusOr<std::shared_ptr<DatasetView>> DecodeManifest(std::string_view byt
     if (!GetMessage(&in, &e)) return absl::DataLossError("manifest copy: bad entry");
     if (!v->Append(e)) return absl::DataLossError("manifest copy: entries out of shape");
   }
-  if (v->nodes.empty() || v->nodes[0].type != rpc::FileEntry::DIR) {
+  if (v->size() == 0) {
     return absl::DataLossError("manifest copy: no root directory");
   }
+  v->Finish();
   return v;
 }
 

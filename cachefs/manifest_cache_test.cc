@@ -35,6 +35,7 @@ DatasetView SampleView() {
   EXPECT_TRUE(v.Append(Entry(2, 1, "a.jpg", rpc::FileEntry::FILE, 1000)));
   EXPECT_TRUE(v.Append(Entry(3, 1, "sub", rpc::FileEntry::DIR)));
   EXPECT_TRUE(v.Append(Entry(4, 3, "b.jpg", rpc::FileEntry::FILE, 9 << 20)));
+  v.Finish();
   return v;
 }
 
@@ -47,10 +48,19 @@ TEST(ManifestCacheTest, AppendRefusesEntriesOutOfShape) {
   EXPECT_FALSE(v.Append(Entry(5, 1, "a/b", rpc::FileEntry::FILE)));
   EXPECT_FALSE(v.Append(Entry(5, 1, "", rpc::FileEntry::FILE)));
   EXPECT_FALSE(v.Append(Entry(5, 0, "second-root", rpc::FileEntry::DIR)));
-  EXPECT_EQ(v.nodes.size(), 4u);
+  EXPECT_EQ(v.size(), 4u);
   EXPECT_TRUE(v.Append(Entry(5, 3, "c.jpg", rpc::FileEntry::FILE)));
   EXPECT_EQ(v.PathOf(5), "sub/c.jpg");
-  EXPECT_EQ(v.nodes[2].children, (std::vector<uint64_t>{4, 5}));
+  v.Finish();
+  auto sub = v.Get(3);
+  ASSERT_TRUE(sub.has_value());
+  EXPECT_EQ(std::vector<uint32_t>(sub->children.begin(), sub->children.end()),
+            (std::vector<uint32_t>{4, 5}));
+  auto root = v.Get(1);
+  EXPECT_EQ(std::vector<uint32_t>(root->children.begin(), root->children.end()),
+            (std::vector<uint32_t>{2, 3}));
+  EXPECT_TRUE(v.Get(2)->children.empty());
+  EXPECT_FALSE(v.Get(6).has_value());
 }
 
 TEST(ManifestCacheTest, RoundTripAndDamageIsDetected) {
@@ -86,7 +96,7 @@ TEST(ManifestCacheTest, SavedCopiesLoadAndDamagedOnesAreDropped) {
   ASSERT_TRUE(cache.SaveManifest(SampleView()).ok());
   auto v = cache.LoadManifest(3, 2);
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ((*v)->nodes.size(), 4u);
+  EXPECT_EQ((*v)->size(), 4u);
   // A copy stored under another version's name is refused.
   std::filesystem::copy_file(dir.Sub("manifests/3-2.manifest"), dir.Sub("manifests/3-9.manifest"));
   EXPECT_EQ(cache.LoadManifest(3, 9).status().code(), absl::StatusCode::kDataLoss);

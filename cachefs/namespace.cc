@@ -2,9 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <set>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cachefs/manifest_cache.h"
+#include "common/memory.h"
 #include "common/status.h"
 
 namespace ember::cachefs {
@@ -13,25 +16,30 @@ constexpr auto kListTtl = std::chrono::seconds(2);
 }
 
 std::string DatasetView::PathOf(uint64_t file_id) const {
-  std::vector<const std::string*> parts;
-  for (const FsNode* n = Get(file_id); n != nullptr && n->parent != 0; n = Get(n->parent)) {
-    parts.push_back(&n->name);
-  }
+  std::vector<std::string_view> parts;
+  for (auto n = Get(file_id); n && n->parent != 0; n = Get(n->parent)) parts.push_back(n->name);
   std::string path;
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
     if (!path.empty()) path += '/';
-    path += **it;
+    path.append(*it);
   }
   return path;
 }
 
-bool DatasetView::Append(const rpc::FileEntry& e) {
-  if (e.file_id() != nodes.size() + 1) return false;
-  if (nodes.empty()) {
+bool ManifestTable::AddString(std::string_view s, uint32_t* off) {
+  if (s.size() > 0xffff || arena_.size() + s.size() > 0xffffffffull) return false;
+  *off = static_cast<uint32_t>(arena_.size());
+  arena_.append(s);
+  return true;
+}
+
+bool ManifestTable::Append(const rpc::FileEntry& e) {
+  if (e.file_id() != entries_.size() + 1 || entries_.size() >= 0xffffffffull) return false;
+  if (entries_.empty()) {
     if (e.parent_id() != 0 || e.type() != rpc::FileEntry::DIR) return false;
   } else {
-    if (e.parent_id() == 0 || e.parent_id() > nodes.size() ||
-        nodes[e.parent_id() - 1].type != rpc::FileEntry::DIR) {
+    if (e.parent_id() == 0 || e.parent_id() > entries_.size() ||
+        entries_[e.parent_id() - 1].type != rpc::FileEntry::DIR) {
       return false;
     }
     const std::string& n = e.name();
@@ -40,21 +48,90 @@ bool DatasetView::Append(const rpc::FileEntry& e) {
       return false;
     }
   }
-  FsNode n;
-  n.parent = e.parent_id();
-  n.name = e.name();
-  n.type = static_cast<uint8_t>(e.type());
-  n.size = e.size();
-  n.mode = e.mode();
-  n.uid = e.uid();
-  n.gid = e.gid();
-  n.mtime_ns = e.mtime_ns();
-  n.link_target = e.link_target();
-  n.etag = e.etag();
-  nodes.push_back(std::move(n));
-  // Pre-order with sorted children: appending keeps each child list sorted.
-  if (e.parent_id() != 0) nodes[e.parent_id() - 1].children.push_back(e.file_id());
+  const size_t arena_before = arena_.size();
+  Packed p{};
+  p.size = e.size();
+  p.mtime_ns = e.mtime_ns();
+  p.parent = static_cast<uint32_t>(e.parent_id());
+  p.type = static_cast<uint8_t>(e.type());
+  p.name_len = static_cast<uint16_t>(e.name().size());
+  bool fits = AddString(e.name(), &p.name_off);
+  Extra x{};
+  const bool extra = !e.link_target().empty() || !e.etag().empty();
+  if (extra) {
+    fits = fits && AddString(e.link_target(), &x.link_off) && AddString(e.etag(), &x.etag_off);
+    x.link_len = static_cast<uint16_t>(e.link_target().size());
+    x.etag_len = static_cast<uint16_t>(e.etag().size());
+  }
+  if (!fits) {
+    arena_.resize(arena_before);
+    return false;
+  }
+  auto [it, added] =
+      attr_ids_.try_emplace({e.mode(), e.uid(), e.gid()}, static_cast<uint32_t>(attrs_.size()));
+  if (added) attrs_.push_back({e.mode(), e.uid(), e.gid()});
+  p.attr = it->second;
+  if (p.type == rpc::FileEntry::DIR) {
+    p.aux = dirs_++;
+  } else if (extra) {
+    extras_.push_back(x);
+    p.aux = static_cast<uint32_t>(extras_.size());
+  }
+  entries_.push_back(p);
   return true;
+}
+
+void ManifestTable::Finish() {
+  // Pre-order with sorted names: a directory's children, taken in id order, are in name order.
+  dir_begin_.assign(dirs_ + 1, 0);
+  for (size_t i = 1; i < entries_.size(); i++) dir_begin_[entries_[entries_[i].parent - 1].aux]++;
+  uint32_t sum = 0;
+  for (auto& b : dir_begin_) {
+    uint32_t count = b;
+    b = sum;
+    sum += count;
+  }
+  kids_.assign(sum, 0);
+  std::vector<uint32_t> next(dir_begin_.begin(), dir_begin_.end() - 1);
+  for (size_t i = 1; i < entries_.size(); i++) {
+    kids_[next[entries_[entries_[i].parent - 1].aux]++] = static_cast<uint32_t>(i + 1);
+  }
+  entries_.shrink_to_fit();
+  arena_.shrink_to_fit();
+  extras_.shrink_to_fit();
+  attr_ids_ = {};
+}
+
+std::optional<FsNode> ManifestTable::Get(uint64_t file_id) const {
+  if (file_id < 1 || file_id > entries_.size()) return std::nullopt;
+  const Packed& p = entries_[file_id - 1];
+  FsNode n;
+  n.parent = p.parent;
+  n.name = std::string_view(arena_).substr(p.name_off, p.name_len);
+  n.type = p.type;
+  n.size = p.size;
+  const Attrs& a = attrs_[p.attr];
+  n.mode = a.mode;
+  n.uid = a.uid;
+  n.gid = a.gid;
+  n.mtime_ns = p.mtime_ns;
+  if (p.type == rpc::FileEntry::DIR) {
+    if (p.aux + 1 < dir_begin_.size()) {
+      n.children = std::span<const uint32_t>(kids_).subspan(
+          dir_begin_[p.aux], dir_begin_[p.aux + 1] - dir_begin_[p.aux]);
+    }
+  } else if (p.aux != 0) {
+    const Extra& x = extras_[p.aux - 1];
+    n.link_target = std::string_view(arena_).substr(x.link_off, x.link_len);
+    n.etag = std::string_view(arena_).substr(x.etag_off, x.etag_len);
+  }
+  return n;
+}
+
+size_t ManifestTable::MemoryBytes() const {
+  return entries_.capacity() * sizeof(Packed) + arena_.capacity() +
+         attrs_.capacity() * sizeof(Attrs) + extras_.capacity() * sizeof(Extra) +
+         (dir_begin_.capacity() + kids_.capacity()) * 4;
 }
 
 uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id) {
@@ -144,6 +221,18 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::ViewByIno(uint64_t
   return Load(*ds, view);
 }
 
+Namespace::Memory Namespace::GetMemory() {
+  Memory m;
+  std::set<const ManifestTable*> seen;
+  absl::ReaderMutexLock lock(&views_mu_);
+  for (const auto& [key, v] : views_) {
+    if (!seen.insert(v->files.get()).second) continue;
+    m.entries += v->files->size();
+    m.bytes += v->files->MemoryBytes();
+  }
+  return m;
+}
+
 absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Dataset& ds,
                                                                    uint32_t view) {
   absl::MutexLock load_lock(&load_mu_);
@@ -154,7 +243,17 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
   }
   const uint32_t version = view == 0 ? ds.latest_version() : view;
   std::shared_ptr<DatasetView> v;
-  if (disk_ != nullptr) {
+  {
+    // The other view of the same version (NAME and NAME@V) shares its table.
+    absl::ReaderMutexLock lock(&views_mu_);
+    for (const auto& [key, other] : views_) {
+      if (key.first == ds.id() && other->version == version) {
+        v = std::make_shared<DatasetView>(*other);
+        break;
+      }
+    }
+  }
+  if (v == nullptr && disk_ != nullptr) {
     auto saved = disk_->LoadManifest(ds.id(), version);
     if (saved.ok()) {
       v = std::move(*saved);
@@ -170,11 +269,15 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
                      std::string(s.message()));
       }
     }
-    spdlog::info("node: loaded {} version {} ({} entries)", ds.name(), v->version, v->nodes.size());
+    spdlog::info("node: loaded {} version {} ({} entries, {} KiB in memory)", ds.name(), v->version,
+                 v->size(), v->files->MemoryBytes() >> 10);
   }
   v->view = view;
-  absl::MutexLock lock(&views_mu_);
-  views_[{ds.id(), view}] = v;
+  {
+    absl::MutexLock lock(&views_mu_);
+    views_[{ds.id(), view}] = v;
+  }
+  ReleaseFreeMemory();  // what building the table took beyond the table
   return std::shared_ptr<const DatasetView>(v);
 }
 
@@ -187,7 +290,7 @@ absl::StatusOr<std::shared_ptr<DatasetView>> Namespace::LoadFromMeta(const rpc::
   v->origin = ds.origin();
   v->block_size = ds.block_size();
   for (const auto& info : ds.versions()) {
-    if (info.version() == version) v->nodes.reserve(info.max_file_id());
+    if (info.version() == version) v->files->Reserve(info.max_file_id());
   }
   bool shaped = true;
   absl::Status st = meta_->ForEachManifestEntry(ds.name(), version, [&](const rpc::FileEntry& e) {
@@ -197,9 +300,10 @@ absl::StatusOr<std::shared_ptr<DatasetView>> Namespace::LoadFromMeta(const rpc::
     return absl::UnavailableError(absl::StrCat("cannot load manifest of ", ds.name(), " version ",
                                                version, ": ", st.message()));
   }
-  if (!shaped || v->nodes.empty()) {
+  if (!shaped || v->size() == 0) {
     return absl::DataLossError(absl::StrCat("manifest of ", ds.name(), " is malformed"));
   }
+  v->Finish();
   return v;
 }
 

@@ -12,31 +12,88 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "meta/meta_client.h"
 
 namespace ember::cachefs {
 
-// One manifest entry in memory.
+// One manifest entry, as read from a view: a value pointing into the view's tables (valid while
+// the view is held).
 struct FsNode {
   uint64_t parent = 0;
-  std::string name;
+  std::string_view name;
   uint8_t type = 0;  // rpc::FileEntry::Type
   uint64_t size = 0;
   uint32_t mode = 0;
   uint32_t uid = 0, gid = 0;
   int64_t mtime_ns = 0;
-  std::string link_target;
-  std::string etag;                // remote origins: what a fill must find
-  std::vector<uint64_t> children;  // dirs: child file ids, sorted by name
+  std::string_view link_target;
+  std::string_view etag;               // remote origins: what a fill must find
+  std::span<const uint32_t> children;  // dirs: child file ids, sorted by name
 };
 
-// One loaded (dataset, version) manifest, immutable once built.
+// A version's manifest in memory, packed for datasets of millions of files (docs/architecture.md,
+// "memory"): per entry 40 bytes plus its name; names, link targets and ETags in one arena; owner
+// and mode interned; children as one id array grouped by directory. Built by Append (entries in
+// file id order) then Finish; immutable and shared by every view of the version afterwards.
+class ManifestTable {
+ public:
+  // Adds the next entry of a manifest streamed in file id order. Returns false (adding nothing)
+  // unless its id is the next one, its parent an earlier directory (0 for the root only), and
+  // its name a single path component.
+  bool Append(const rpc::FileEntry& e);
+  // Builds the directory index (children) and trims the tables; Append after it needs it again.
+  void Finish();
+  void Reserve(size_t entries) { entries_.reserve(entries); }
+  size_t size() const { return entries_.size(); }
+  // Returns: the entry of file_id (1-based), or nullopt.
+  std::optional<FsNode> Get(uint64_t file_id) const;
+  // Bytes held (for the log and the memory figures).
+  size_t MemoryBytes() const;
+
+ private:
+  struct Packed {  // 40 bytes
+    uint64_t size;
+    int64_t mtime_ns;
+    uint32_t parent;
+    uint32_t name_off;  // in arena_
+    uint32_t attr;      // index in attrs_ (mode, uid, gid)
+    uint32_t aux;       // dirs: index in dir_begin_; others: 1 + index in extras_, or 0
+    uint16_t name_len;
+    uint8_t type;
+  };
+  struct Attrs {
+    uint32_t mode, uid, gid;
+    bool operator==(const Attrs&) const = default;
+  };
+  struct Extra {  // a symlink's target and a remote object's ETag, in arena_
+    uint32_t link_off, etag_off;
+    uint16_t link_len, etag_len;
+  };
+  bool AddString(std::string_view s, uint32_t* off);
+
+  std::vector<Packed> entries_;
+  std::string arena_;
+  std::vector<Attrs> attrs_;
+  std::vector<Extra> extras_;
+  std::vector<uint32_t> dir_begin_;  // per dir: its first child in kids_; one past the last dir
+  std::vector<uint32_t> kids_;       // child ids grouped by parent, in id (= name) order
+  uint32_t dirs_ = 0;
+  // While building: (mode, uid, gid) -> index in attrs_.
+  absl::flat_hash_map<std::tuple<uint32_t, uint32_t, uint32_t>, uint32_t> attr_ids_;
+};
+
+// One loaded (dataset, version) view: the version's table and how the mount names it.
 struct DatasetView {
   std::string name;
   uint32_t dataset_id = 0;
@@ -44,17 +101,14 @@ struct DatasetView {
   uint32_t view = 0;     // 0 = latest view, else == version
   std::string origin;
   uint64_t block_size = 0;
-  std::vector<FsNode> nodes;  // index file_id - 1; ids are dense
+  std::shared_ptr<ManifestTable> files = std::make_shared<ManifestTable>();
 
-  const FsNode* Get(uint64_t file_id) const {
-    return file_id >= 1 && file_id <= nodes.size() ? &nodes[file_id - 1] : nullptr;
-  }
+  std::optional<FsNode> Get(uint64_t file_id) const { return files->Get(file_id); }
+  size_t size() const { return files->size(); }
   // The path of a file relative to the dataset root.
   std::string PathOf(uint64_t file_id) const;
-  // Adds the next entry of a manifest streamed in file id order. Returns false (adding nothing)
-  // unless its id is the next one, its parent an earlier directory (0 for the root only), and
-  // its name a single path component.
-  bool Append(const rpc::FileEntry& e);
+  bool Append(const rpc::FileEntry& e) { return files->Append(e); }
+  void Finish() { files->Finish(); }
 };
 
 uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id);
@@ -75,6 +129,11 @@ class Namespace {
   absl::StatusOr<std::shared_ptr<const DatasetView>> ViewByName(const std::string& name);
   // The view an inode (other than the root) belongs to. Returns: the view, NotFound.
   absl::StatusOr<std::shared_ptr<const DatasetView>> ViewByIno(uint64_t ino);
+  // The manifests held in memory, each version's table counted once.
+  struct Memory {
+    uint64_t entries = 0, bytes = 0;
+  };
+  Memory GetMemory() ABSL_LOCKS_EXCLUDED(views_mu_);
 
  private:
   absl::StatusOr<std::shared_ptr<const DatasetView>> Load(const rpc::Dataset& ds, uint32_t view)

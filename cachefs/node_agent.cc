@@ -261,8 +261,8 @@ void NodeAgent::Stop() {
 }
 
 rpc::NodeStats NodeAgent::Stats() {
-  return CollectNodeStats(cache_.get(), read_path_.get(), kernel_, scrubber_.get(),
-                          repairer_.get());
+  return CollectNodeStats(cache_.get(), read_path_.get(), kernel_, scrubber_.get(), repairer_.get(),
+                          namespace_.get());
 }
 
 }  // namespace ember::cachefs

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cachefs/dataset_fs.h"
+#include "common/memory.h"
 #include "common/units.h"
 
 namespace ember::cachefs {
@@ -118,7 +119,12 @@ void PrefetchRunner::Update(const std::vector<rpc::PrefetchJob>& jobs) {
       if (job.state() == rpc::PrefetchJob::RUNNING) {
         bool finished = false;
         for (const auto& n : job.nodes()) finished |= n.node_id() == node_id_ && n.finished();
-        if (!finished) raw->thread = std::thread([this, raw] { Run(raw); });
+        if (!finished) {
+          raw->thread = std::thread([this, raw] {
+            Run(raw);
+            ReleaseFreeMemory();  // the plan and the fills' buffers
+          });
+        }
       }
       continue;
     }
@@ -154,8 +160,8 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> PrefetchRunner::Plan(
   const uint32_t replicas = spec.mode() == rpc::PrefetchSpec::STRIPE ? spec.replicas() : n;
   const uint64_t bs = (*view)->block_size;
   uint64_t ordinal = 0;
-  for (uint64_t id = 1; id <= (*view)->nodes.size(); id++) {
-    const FsNode* node = (*view)->Get(id);
+  for (uint64_t id = 1; id <= (*view)->size(); id++) {
+    const auto node = (*view)->Get(id);
     if (node->type != rpc::FileEntry::FILE) continue;
     bool selected = paths.empty();
     if (!selected) {

@@ -45,7 +45,7 @@ void Repairer::Run() {
 void Repairer::Repair(const BlockAddr& addr) {
   // The block's file, as the version's manifest has it (NAME@V: the version the block belongs to).
   auto view = ns_->ViewByIno(MakeIno(addr.dataset_id, addr.version, addr.file_id));
-  if (!view.ok() || (*view)->Get(addr.file_id) == nullptr) {
+  if (!view.ok() || !(*view)->Get(addr.file_id)) {
     spdlog::warn(
         "repair: block {}/{}/{}/{}: its file is unknown here ({}); it is filled when "
         "next read",

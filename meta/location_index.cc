@@ -29,50 +29,114 @@ void TrimBitmap(std::string* bitmap) {
 
 }  // namespace
 
+uint32_t LocationIndex::NodeIdLocked(const std::string& node) {
+  auto [it, added] = node_ids_.try_emplace(node, static_cast<uint32_t>(node_names_.size()));
+  if (added) node_names_.push_back(node);
+  return it->second;
+}
+
+std::string LocationIndex::BitmapLocked(const FileKey& k, const Held& h) {
+  if (h.big) {
+    auto it = big_.find({k, h.node});
+    return it == big_.end() ? std::string() : it->second;
+  }
+  std::string b;
+  for (uint64_t bits = h.bits; bits != 0; bits >>= 8) b.push_back(static_cast<char>(bits & 0xff));
+  return b;
+}
+
+bool LocationIndex::TestLocked(const FileKey& k, const Held& h, uint64_t i) {
+  if (!h.big) return i < 64 && ((h.bits >> i) & 1);
+  auto it = big_.find({k, h.node});
+  return it != big_.end() && TestBit(it->second, i);
+}
+
+void LocationIndex::SetLocked(const FileKey& k, uint32_t node, std::string bitmap) {
+  TrimBitmap(&bitmap);
+  auto loc = locations_.find(k);
+  Held* h = nullptr;
+  if (loc != locations_.end()) {
+    for (Held& x : loc->second) {
+      if (x.node == node) h = &x;
+    }
+  }
+  if (h != nullptr && h->big) big_.erase({k, node});
+  if (bitmap.empty()) {
+    if (h == nullptr) return;
+    Holders& hs = loc->second;
+    hs.erase(hs.begin() + (h - hs.data()));
+    if (hs.empty()) locations_.erase(loc);
+    auto& versions = node_versions_[node];
+    auto v = versions.find({k.dataset_id, k.version});
+    if (v != versions.end() && --v->second == 0) versions.erase(v);
+    return;
+  }
+  if (h == nullptr) {
+    Holders& hs = locations_[k];
+    hs.push_back(Held{node, 0, 0});
+    h = &hs.back();
+    node_versions_[node][{k.dataset_id, k.version}]++;
+  }
+  h->bits = 0;
+  h->big = bitmap.size() > 8 ? 1 : 0;
+  if (h->big) {
+    big_[{k, node}] = std::move(bitmap);
+  } else {
+    for (size_t i = 0; i < bitmap.size(); i++) {
+      h->bits |= static_cast<uint64_t>(static_cast<uint8_t>(bitmap[i])) << (8 * i);
+    }
+  }
+}
+
 absl::Status LocationIndex::Load() {
   size_t records = 0;
-  std::map<FileKey, std::map<std::string, std::string>> locations;
-  std::map<std::string, std::set<FileKey>> node_files;
+  absl::MutexLock lock(&mu_);
+  locations_.clear();
+  big_.clear();
+  node_versions_.clear();
   RETURN_IF_ERROR(store_->ForEachLocation(
       [&](const FileKey& key, const std::string& node, const std::string& bitmap) {
-        locations[key][node] = bitmap;
-        node_files[node].insert(key);
+        SetLocked(key, NodeIdLocked(node), bitmap);
         records++;
       }));
-  absl::MutexLock lock(&mu_);
-  locations_ = std::move(locations);
-  node_files_ = std::move(node_files);
   generation_++;
   spdlog::info("meta: loaded {} file location records", records);
   return absl::OkStatus();
 }
 
-std::string& LocationIndex::NextBitmapLocked(const std::string& node, const FileKey& k,
-                                             bool full_start,
+std::string& LocationIndex::NextBitmapLocked(uint32_t node, const FileKey& k, bool full_start,
                                              std::map<FileKey, std::string>* next) {
   auto [it, fresh] = next->emplace(k, std::string());
   if (fresh && !full_start) {  // starts from what the node reported before
     auto loc = locations_.find(k);
     if (loc != locations_.end()) {
-      auto b = loc->second.find(node);
-      if (b != loc->second.end()) it->second = b->second;
+      for (const Held& h : loc->second) {
+        if (h.node == node) it->second = BitmapLocked(k, h);
+      }
     }
   }
   return it->second;
 }
 
-absl::Status LocationIndex::Apply(const std::string& node, bool full_start,
+absl::Status LocationIndex::Apply(const std::string& node_name, bool full_start,
                                   const std::vector<FileBitmap>& files,
                                   const std::vector<BlockAddr>& added,
                                   const std::vector<BlockAddr>& removed) {
   absl::MutexLock lock(&mu_);
+  const uint32_t node = NodeIdLocked(node_name);
   // The node's bitmaps after this report, for every file it touches; computed first, stored,
   // then applied, so memory never runs ahead of the store.
   std::map<FileKey, std::string> next;
   if (full_start) {
-    auto nf = node_files_.find(node);
-    if (nf != node_files_.end()) {
-      for (const FileKey& k : nf->second) next[k] = std::string();
+    for (const auto& [dv, count] : node_versions_[node]) {
+      for (auto it = locations_.lower_bound(FileKey{dv.first, dv.second, 0});
+           it != locations_.end() && it->first.dataset_id == dv.first &&
+           it->first.version == dv.second;
+           ++it) {
+        for (const Held& h : it->second) {
+          if (h.node == node) next[it->first] = std::string();
+        }
+      }
     }
   }
   for (const FileBitmap& f : files) {
@@ -92,33 +156,20 @@ absl::Status LocationIndex::Apply(const std::string& node, bool full_start,
   writes.reserve(next.size());
   for (auto& [k, bitmap] : next) {
     TrimBitmap(&bitmap);
-    writes.push_back({k, node, bitmap});
+    writes.push_back({k, node_name, bitmap});
   }
   if (!writes.empty()) RETURN_IF_ERROR(store_->PutLocations(writes));
-  for (auto& [k, bitmap] : next) {
-    if (bitmap.empty()) {
-      auto loc = locations_.find(k);
-      if (loc != locations_.end()) {
-        loc->second.erase(node);
-        if (loc->second.empty()) locations_.erase(loc);
-      }
-      node_files_[node].erase(k);
-    } else {
-      locations_[k][node] = std::move(bitmap);
-      node_files_[node].insert(k);
-    }
-  }
+  for (auto& [k, bitmap] : next) SetLocked(k, node, std::move(bitmap));
   if (!next.empty() || full_start) generation_++;
   return absl::OkStatus();
 }
 
 bool LocationIndex::HeldByOthersLocked(uint32_t ds, uint32_t version, const std::string& self,
                                        const NodeView& view) {
-  // A lookup in each live node's ordered file set: O(nodes * log files).
-  for (const auto& [node, files] : node_files_) {
-    if (node == self || files.empty() || !view.Alive(node)) continue;
-    auto f = files.lower_bound(FileKey{ds, version, 0});
-    if (f != files.end() && f->dataset_id == ds && f->version == version) return true;
+  for (const auto& [node, versions] : node_versions_) {
+    const std::string& name = node_names_[node];
+    if (name == self || !view.Alive(name)) continue;
+    if (versions.count({ds, version}) > 0) return true;
   }
   return false;
 }
@@ -139,8 +190,9 @@ void LocationIndex::Locate(const std::vector<BlockAddr>& blocks, const std::stri
       h->set_dataset_unheld(u->second);
       continue;
     }
-    for (const auto& [node_id, bitmap] : it->second) {
-      if (!TestBit(bitmap, b.index) || !view.Alive(node_id)) continue;
+    for (const Held& held : it->second) {
+      const std::string& node_id = node_names_[held.node];
+      if (!TestLocked(it->first, held, b.index) || !view.Alive(node_id)) continue;
       const NodeInfo* n = view.Find(node_id);
       h->add_node_ids(node_id);
       h->add_addresses(n->address);
@@ -171,7 +223,9 @@ LocationIndex::Residency LocationIndex::Resident(uint32_t ds, uint32_t version,
        it != locations_.end() && it->first.dataset_id == ds && it->first.version == version; ++it) {
     const uint64_t file = it->first.file_id;
     std::map<uint64_t, int> holders;  // block -> live holders
-    for (const auto& [node, bitmap] : it->second) {
+    for (const Held& held : it->second) {
+      const std::string& node = node_names_[held.node];
+      const std::string bitmap = BitmapLocked(it->first, held);
       const bool live = view.Alive(node);
       NodeResidency& nr = r.by_node[node];
       for (uint64_t i = 0; i < bitmap.size() * 8; i++) {
@@ -199,12 +253,21 @@ LocationIndex::Residency LocationIndex::Resident(uint32_t ds, uint32_t version,
 void LocationIndex::Drop(uint32_t ds, uint32_t version) {
   absl::MutexLock lock(&mu_);
   generation_++;
-  for (auto it = locations_.begin(); it != locations_.end();) {
-    if (it->first.dataset_id == ds && (version == 0 || it->first.version == version)) {
-      for (auto& [node, bitmap] : it->second) node_files_[node].erase(it->first);
-      it = locations_.erase(it);
-    } else {
-      ++it;
+  for (auto it = locations_.lower_bound(FileKey{ds, version, 0});
+       it != locations_.end() && it->first.dataset_id == ds &&
+       (version == 0 || it->first.version == version);) {
+    for (const Held& h : it->second) {
+      if (h.big) big_.erase({it->first, h.node});
+    }
+    it = locations_.erase(it);
+  }
+  for (auto& [node, versions] : node_versions_) {
+    for (auto v = versions.begin(); v != versions.end();) {
+      if (v->first.first == ds && (version == 0 || v->first.second == version)) {
+        v = versions.erase(v);
+      } else {
+        ++v;
+      }
     }
   }
 }

@@ -1,5 +1,10 @@
 // LocationIndex: which node holds which block, as per-(file, node) bitmaps.
 //
+// Memory (sized for 10M-file datasets, docs/architecture.md "memory"): one ordered B-tree entry
+// per file held anywhere (16-byte key, holders inline: 16 bytes per holder, the first two in the
+// entry itself); a file's bitmap of up to 64 blocks is a word in its holder, longer ones live in a
+// side map; node ids are interned. Per node, how many files of each dataset version it holds.
+//
 // Soft state: nodes send a full report when they register and small increments afterwards; the
 // bitmaps are persisted (unsynced) only so that a restarted meta answers at once, and losing
 // them loses nothing (nodes report again). A report's bitmaps are written to the store before
@@ -14,11 +19,13 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/ids.h"
@@ -78,8 +85,24 @@ class LocationIndex {
   uint64_t generation();
 
  private:
+  // One node's blocks of one file.
+  struct Held {
+    uint32_t node = 0;  // index in node_names_
+    uint32_t big = 0;   // 1: the bitmap is in big_ (more than 64 blocks)
+    uint64_t bits = 0;  // bit i = block i, unless big
+  };
+  using Holders = absl::InlinedVector<Held, 2>;
+  using DsVersion = std::pair<uint32_t, uint32_t>;
+
+  uint32_t NodeIdLocked(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holder's bitmap as bytes (trimmed).
+  std::string BitmapLocked(const FileKey& k, const Held& h) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool TestLocked(const FileKey& k, const Held& h, uint64_t i) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Sets (an empty bitmap: removes) the node's bitmap of file k.
+  void SetLocked(const FileKey& k, uint32_t node, std::string bitmap)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_. The node's bitmap of `k` in `next`, started from memory unless full_start.
-  std::string& NextBitmapLocked(const std::string& node, const FileKey& k, bool full_start,
+  std::string& NextBitmapLocked(uint32_t node, const FileKey& k, bool full_start,
                                 std::map<FileKey, std::string>* next)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HeldByOthersLocked(uint32_t ds, uint32_t version, const std::string& self,
@@ -87,8 +110,12 @@ class LocationIndex {
 
   MetaStore* const store_;
   absl::Mutex mu_;
-  std::map<FileKey, std::map<std::string, std::string>> locations_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::set<FileKey>> node_files_ ABSL_GUARDED_BY(mu_);
+  absl::btree_map<FileKey, Holders> locations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<FileKey, uint32_t>, std::string> big_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> node_names_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> node_ids_ ABSL_GUARDED_BY(mu_);
+  // node -> (dataset, version) -> files of it the node holds something of.
+  std::map<uint32_t, std::map<DsVersion, uint64_t>> node_versions_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "meta/store_fixture_test.h"
 
 namespace ember::meta {
@@ -70,6 +72,67 @@ TEST_F(LocationIndexTest, ReportsLocateAndResidentBytesAgree) {
   EXPECT_EQ(again.Resident(7, 1, Sizes(), 1 << 20, view).by_node["n1"].blocks, 3u);
   again.Drop(7, 0);
   EXPECT_TRUE(again.Resident(7, 1, Sizes(), 1 << 20, view).by_node.empty());
+}
+
+// Bitmaps past 64 blocks (kept apart), more holders than fit in an entry, and the per-node
+// version counts behind `dataset_unheld`, through changes, a reload and a drop.
+TEST_F(LocationIndexTest, LongBitmapsManyHoldersAndUnheldVersions) {
+  NodeRegistry nodes(store_.get(), std::chrono::seconds(10));
+  for (const char* id : {"n1", "n2", "n3", "n4"}) {
+    rpc::Node n;
+    n.set_id(id);
+    n.set_address(std::string(id) + ":1");
+    ASSERT_TRUE(nodes.Register(n).ok());
+  }
+  NodeView view = nodes.View();
+  LocationIndex index(store_.get());
+  // File 1 of 7/1: 200 blocks. n1 holds blocks 0 and 150; n2..n4 hold block 0 only.
+  std::string long_bitmap(19, '\0');
+  long_bitmap[0] = 1;
+  long_bitmap[150 / 8] = static_cast<char>(1 << (150 % 8));
+  ASSERT_TRUE(index.Apply("n1", true, {{{7, 1, 1}, long_bitmap}}, {}, {}).ok());
+  for (const char* id : {"n2", "n3", "n4"}) {
+    ASSERT_TRUE(index.Apply(id, false, {}, {BlockAddr{7, 1, 1, 0}}, {}).ok());
+  }
+  // n2 also holds version 2.
+  ASSERT_TRUE(index.Apply("n2", false, {}, {BlockAddr{7, 2, 5, 0}}, {}).ok());
+  auto holders = [&](LocationIndex& ix, BlockAddr a, const std::string& self) {
+    rpc::LocateResponse resp;
+    ix.Locate({a}, self, view, &resp);
+    std::vector<std::string> ids(resp.holders(0).node_ids().begin(),
+                                 resp.holders(0).node_ids().end());
+    std::sort(ids.begin(), ids.end());
+    return std::make_pair(ids, resp.holders(0).dataset_unheld());
+  };
+  using Ids = std::vector<std::string>;
+  EXPECT_EQ(holders(index, {7, 1, 1, 0}, "x").first, (Ids{"n1", "n2", "n3", "n4"}));
+  EXPECT_EQ(holders(index, {7, 1, 1, 150}, "x").first, (Ids{"n1"}));
+  EXPECT_EQ(holders(index, {7, 1, 1, 149}, "x").first, Ids{});
+  // n1's long bitmap shrinks to a short one (block 150 removed), then grows again.
+  ASSERT_TRUE(index.Apply("n1", false, {}, {}, {BlockAddr{7, 1, 1, 150}}).ok());
+  EXPECT_EQ(holders(index, {7, 1, 1, 150}, "x").first, Ids{});
+  ASSERT_TRUE(index.Apply("n1", false, {}, {BlockAddr{7, 1, 1, 199}}, {}).ok());
+  EXPECT_EQ(holders(index, {7, 1, 1, 199}, "x").first, (Ids{"n1"}));
+  std::vector<uint64_t> sizes = {0, 200u << 20};
+  EXPECT_EQ(index.Resident(7, 1, sizes, 1 << 20, view).by_node["n1"].blocks, 2u);
+  // The persisted bitmaps come back the same.
+  LocationIndex again(store_.get());
+  ASSERT_TRUE(again.Load().ok());
+  EXPECT_EQ(holders(again, {7, 1, 1, 199}, "x").first, (Ids{"n1"}));
+  EXPECT_EQ(holders(again, {7, 1, 1, 0}, "x").first, (Ids{"n1", "n2", "n3", "n4"}));
+  // Version 2: held by n2 only; once n2's full report drops it, nobody else holds any of it.
+  EXPECT_FALSE(holders(again, {7, 2, 9, 0}, "n1").second);
+  EXPECT_TRUE(holders(again, {7, 2, 9, 0}, "n2").second);
+  ASSERT_TRUE(again.Apply("n2", true, {{{7, 1, 1}, std::string(1, '\x01')}}, {}, {}).ok());
+  EXPECT_TRUE(holders(again, {7, 2, 9, 0}, "n1").second);
+  EXPECT_EQ(holders(again, {7, 1, 1, 0}, "x").first, (Ids{"n1", "n2", "n3", "n4"}));
+  // Dropping version 1 leaves nothing of it; a later report of it starts afresh.
+  again.Drop(7, 1);
+  EXPECT_EQ(holders(again, {7, 1, 1, 0}, "x").first, Ids{});
+  EXPECT_TRUE(holders(again, {7, 1, 1, 0}, "n1").second);
+  ASSERT_TRUE(again.Apply("n3", false, {}, {BlockAddr{7, 1, 1, 70}}, {}).ok());
+  EXPECT_EQ(holders(again, {7, 1, 1, 70}, "x").first, (Ids{"n3"}));
+  EXPECT_EQ(holders(again, {7, 1, 1, 0}, "x").first, Ids{});
 }
 
 TEST_F(LocationIndexTest, ARefusedReportChangesNothing) {

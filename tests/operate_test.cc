@@ -250,6 +250,31 @@ TEST_F(OperateTest, PrometheusScrapesANodeAndAnswersAQuery) {
   EXPECT_EQ(alive, 1);
 }
 
+// NAME and NAME@V of the same version share one manifest table in the agent's memory.
+TEST_F(OperateTest, ManifestOfAVersionIsHeldOnceWhateverItIsCalled) {
+  std::string maddr;
+  auto n = Node("n1", 2, &maddr);
+  auto entries = [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));  // figures are 500 ms fresh
+    return Sample(HttpGet(maddr, "/metrics"), "ember_manifest_entries");
+  };
+  EXPECT_EQ(entries(), 0);
+  ASSERT_EQ(ReadFile(n->mount() + "/ds/a/f1.bin"), ReadFile(origin_ + "/a/f1.bin"));
+  EXPECT_EQ(entries(), 8);  // the root, a/ and 6 files
+  ASSERT_EQ(ReadFile(n->mount() + "/ds@1/a/f2.bin"), ReadFile(origin_ + "/a/f2.bin"));
+  EXPECT_EQ(entries(), 8) << "the version's manifest is held twice";
+  std::vector<std::string> listed;
+  for (const auto& e : fs::directory_iterator(n->mount() + "/ds@1/a")) {
+    listed.push_back(e.path().filename());
+  }
+  std::sort(listed.begin(), listed.end());
+  EXPECT_EQ(listed,
+            (std::vector<std::string>{"f0.bin", "f1.bin", "f2.bin", "f3.bin", "f4.bin", "f5.bin"}));
+  const double bytes = Sample(HttpGet(maddr, "/metrics"), "ember_manifest_memory_bytes");
+  EXPECT_GT(bytes, 8 * 40);
+  EXPECT_LT(bytes, 8 * 200);
+}
+
 TEST_F(OperateTest, GrafanaDashboardUsesOnlyExportedMetrics) {
   std::string maddr;
   auto n = Node("n1", 2, &maddr);

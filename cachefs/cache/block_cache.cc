@@ -46,8 +46,8 @@ BlockHoldPtr BlockCache::Acquire(const BlockAddr& addr, bool record_access) {
   e.holds++;
   LruUnlink(&*it);
   LruPushFront(&*it);
-  auto* hold = new BlockHold{addr,      fd,           e.offset,        e.length, e.checksum,
-                             e.checked, e.generation, std::move(file), e.segment};
+  auto* hold = new BlockHold{addr,           fd,           e.offset,        e.length, e.checksum,
+                             e.checked != 0, e.generation, std::move(file), e.segment};
   return BlockHoldPtr(hold, [this](const BlockHold* h) {
     Release(h->addr);
     delete h;
@@ -398,7 +398,7 @@ void BlockCache::BeginInsert(const InsertItem& item, Pending* p) {
     e.writing = true;
     writing_++;
     e.checksum = item.checksum;
-    e.generation = next_generation_++;
+    e.generation = NewGenerationLocked();
     p->revive = true;
   } else {
     if (len > options_.capacity_bytes || !MakeRoom(addr, len)) {
@@ -414,7 +414,7 @@ void BlockCache::BeginInsert(const InsertItem& item, Pending* p) {
     e.offset = p->where;
     e.length = len;
     e.segment = segment;
-    e.generation = next_generation_++;
+    e.generation = NewGenerationLocked();
     LruPushFront(&*blocks_.emplace(addr, e).first);
     used_ += len;
     if (segment != 0) {

@@ -214,26 +214,29 @@ class BlockCache {
   VerifyReport VerifyAll(bool repair, const std::function<void(uint64_t, uint64_t)>& progress = {});
 
  private:
-  // One per resident block: 64 bytes, in a std::map node of 128 (a 1,000,000-block cache holds
-  // ~130 MB of index in memory). The LRU list runs through the entries themselves.
+  // One per resident block: 56 bytes, in a std::map node of 112 (with its key and the tree's
+  // links; a 1,000,000-block cache holds ~112 MB of index in memory). The LRU list runs through
+  // the entries themselves.
   struct Entry;
   using Node = std::pair<const BlockAddr, Entry>;
   using Blocks = std::map<BlockAddr, Entry>;
   struct Entry {
     uint64_t checksum = 0;
     uint64_t offset = 0;
-    uint64_t generation = 0;
     int64_t pinned_until_ms = 0;  // unix ms; evictable once past
     Node* lru_prev = nullptr;     // toward the most recently used
     Node* lru_next = nullptr;     // toward the least recently used
-    uint32_t length = 0;
+    uint32_t generation = 0;      // tells a re-inserted block from the one a hold saw
+    uint32_t length : 28 = 0;     // <= kMaxBlockSize
+    uint32_t verified : 1 = 0;    // the page cache's copy was checked (see the header)
+    uint32_t checked : 1 = 0;     // the bytes were checked since this agent started
+    uint32_t writing : 1 = 0;     // bytes being written, not yet resident
+    uint32_t doomed : 1 = 0;      // dropped while held
     int32_t holds = 0;
-    bool verified = false;  // the page cache's copy was checked (see the header)
-    bool checked = false;   // the bytes were checked since this agent started
-    bool writing = false;   // bytes being written, not yet resident
-    bool doomed = false;    // dropped while held
-    uint32_t segment = 0;   // the small-object segment holding it; 0: its file's cache file
+    uint32_t segment = 0;  // the small-object segment holding it; 0: its file's cache file
   };
+  static_assert(sizeof(Entry) == 56);
+  static_assert(kMaxBlockSize < (1u << 28));
 
   explicit BlockCache(const Options& options);
   // An insert under way: decided at once (already resident, not admitted, no segment), or its
@@ -300,6 +303,11 @@ class BlockCache {
   // The LRU list: front = most recent.
   void LruPushFront(Node* n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LruUnlink(Node* n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t NewGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint32_t g = next_generation_++;
+    if (next_generation_ == 0) next_generation_ = 1;
+    return g;
+  }
   // Unlinks and erases an entry (no index or counter changes).
   void EraseLocked(Blocks::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -319,7 +327,7 @@ class BlockCache {
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // includes blocks being written
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t not_admitted_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint32_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;  // never 0 (0: any, to Drop)
   bool disk_full_logged_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<BlockAddr> added_ ABSL_GUARDED_BY(mu_);
   std::vector<BlockAddr> removed_ ABSL_GUARDED_BY(mu_);

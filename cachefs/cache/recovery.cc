@@ -77,7 +77,7 @@ size_t BlockCache::LoadIndex() {
     e.pinned_until_ms = rec.pinned_until_ms;
     e.segment = rec.segment;
     if (e.segment != 0) segment_objects_[e.segment]++;
-    e.generation = next_generation_++;
+    e.generation = NewGenerationLocked();
     used_ += e.length;
     auto [node, inserted] = blocks_.emplace(a, e);
     // Loaded in key order; all start as the least recent, in that order.

@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   auto v = DecodeManifest(bytes);
   if (v.ok()) {
-    for (uint64_t id = 1; id <= (*v)->nodes.size(); id++) {
+    for (uint64_t id = 1; id <= (*v)->size(); id++) {
       std::string path = (*v)->PathOf(id);
       if (path.find("..") == 0) std::abort();  // a path never climbs out of the dataset
     }
