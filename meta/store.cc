@@ -1,6 +1,7 @@
 #include "meta/store.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
@@ -79,10 +80,19 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   options.write_buffer_size = 16 << 20;
   options.max_write_buffer_number = 2;
   rocksdb::ColumnFamilyOptions cf_options(options);
+  // Checksums are asked for every block a node locates, mostly blocks nobody has claimed yet
+  // (a swarm prefetch polls for others' blocks): bloom filters in the memtable and the tables
+  // answer those misses without a skiplist or block search.
+  rocksdb::ColumnFamilyOptions checksum_options(options);
+  checksum_options.memtable_prefix_bloom_size_ratio = 0.05;
+  checksum_options.memtable_whole_key_filtering = true;
+  rocksdb::BlockBasedTableOptions table;
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  checksum_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   for (const char* name : {rocksdb::kDefaultColumnFamilyName.c_str(), "datasets", "manifests",
                            "checksums", "nodes", "locations"}) {
-    cfs.emplace_back(name, cf_options);
+    cfs.emplace_back(name, std::string(name) == "checksums" ? checksum_options : cf_options);
   }
   std::unique_ptr<MetaStore> store(new MetaStore());
   store->dir_ = dir;
