@@ -1,6 +1,7 @@
 #include "cachefs/manifest_cache.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -198,6 +199,12 @@ absl::StatusOr<std::string> ManifestCache::Read(const std::string& name) {
 absl::Status ManifestCache::SaveManifest(const DatasetView& view) {
   return WriteAtomically(absl::StrCat(view.dataset_id, "-", view.version, ".manifest"),
                          EncodeManifest(view));
+}
+
+bool ManifestCache::HasManifest(uint32_t dataset_id, uint32_t version) {
+  if (dir_.empty()) return false;
+  struct stat st;
+  return stat(absl::StrCat(dir_, "/", dataset_id, "-", version, ".manifest").c_str(), &st) == 0;
 }
 
 absl::StatusOr<std::shared_ptr<DatasetView>> ManifestCache::LoadManifest(uint32_t dataset_id,

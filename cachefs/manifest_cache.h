@@ -38,6 +38,8 @@ class ManifestCache {
   absl::Status SaveManifest(const DatasetView& view);
   // Returns: the view; NotFound (no copy); DataLoss (a damaged copy, which is then removed).
   absl::StatusOr<std::shared_ptr<DatasetView>> LoadManifest(uint32_t dataset_id, uint32_t version);
+  // Whether a copy of the manifest is on disk (not checked; false when disabled).
+  bool HasManifest(uint32_t dataset_id, uint32_t version);
   // Returns: as SaveManifest.
   absl::Status SaveDatasets(const std::vector<rpc::Dataset>& datasets);
   // Returns: the list; NotFound (no copy); DataLoss (a damaged copy).

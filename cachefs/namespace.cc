@@ -221,6 +221,51 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::ViewByIno(uint64_t
   return Load(*ds, view);
 }
 
+size_t Namespace::SyncCopies(uint64_t max_entries) {
+  if (disk_ == nullptr) return 0;
+  size_t copied = 0;
+  for (const rpc::Dataset& ds : Datasets(/*force_refresh=*/true)) {  // a changed list is saved
+    const uint32_t version = ds.latest_version();
+    if (version == 0 || disk_->HasManifest(ds.id(), version)) continue;
+    uint64_t entries = 0;
+    for (const auto& info : ds.versions()) {
+      if (info.version() == version) entries = info.max_file_id();
+    }
+    absl::MutexLock load_lock(&load_mu_);  // one manifest load at a time (and one writer of it)
+    if (entries > max_entries) {
+      if (too_large_.insert({ds.id(), version}).second) {
+        spdlog::info(
+            "node: not keeping a copy of {} version {} ahead of use ({} entries, more than {}); "
+            "it is kept once used",
+            ds.name(), version, entries, max_entries);
+      }
+      continue;
+    }
+    {
+      absl::ReaderMutexLock lock(&views_mu_);
+      bool loaded = false;
+      for (const auto& [key, v] : views_) loaded |= key.first == ds.id() && v->version == version;
+      if (loaded) continue;  // its copy was written when it was loaded
+    }
+    auto v = LoadFromMeta(ds, version);
+    if (!v.ok()) {
+      spdlog::warn("node: cannot copy a manifest ahead of use: {}",
+                   std::string(v.status().message()));
+      break;  // meta is away or failing: next round
+    }
+    if (auto s = disk_->SaveManifest(**v); !s.ok()) {
+      spdlog::warn("node: cannot keep a copy of the manifest of {}: {}", ds.name(),
+                   std::string(s.message()));
+      continue;
+    }
+    spdlog::info("node: kept a copy of {} version {} ({} entries) for when meta is away", ds.name(),
+                 version, (*v)->size());
+    copied++;
+  }
+  if (copied > 0) ReleaseFreeMemory();
+  return copied;
+}
+
 Namespace::Memory Namespace::GetMemory() {
   Memory m;
   std::set<const ManifestTable*> seen;

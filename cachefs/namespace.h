@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -129,6 +130,11 @@ class Namespace {
   absl::StatusOr<std::shared_ptr<const DatasetView>> ViewByName(const std::string& name);
   // The view an inode (other than the root) belongs to. Returns: the view, NotFound.
   absl::StatusOr<std::shared_ptr<const DatasetView>> ViewByIno(uint64_t ino);
+  // Keeps copies on disk of the dataset list and of every dataset's latest manifest of at most
+  // `max_entries` entries (larger ones are copied when first used), so that a dataset this node
+  // never opened is browsable and readable while meta is down. Missing copies are fetched from
+  // meta and written without being kept in memory. Returns: how many manifests were copied.
+  size_t SyncCopies(uint64_t max_entries) ABSL_LOCKS_EXCLUDED(list_mu_, load_mu_, views_mu_);
   // The manifests held in memory, each version's table counted once.
   struct Memory {
     uint64_t entries = 0, bytes = 0;
@@ -150,7 +156,8 @@ class Namespace {
   std::vector<rpc::Dataset> datasets_ ABSL_GUARDED_BY(list_mu_);
   std::chrono::steady_clock::time_point listed_at_ ABSL_GUARDED_BY(list_mu_){};
   absl::Mutex load_mu_;
-  absl::Mutex views_mu_;  // readers share it
+  std::set<std::pair<uint32_t, uint32_t>> too_large_ ABSL_GUARDED_BY(load_mu_);  // logged once
+  absl::Mutex views_mu_;                                                         // readers share it
   std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const DatasetView>> views_
       ABSL_GUARDED_BY(views_mu_);
 };

@@ -219,16 +219,28 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
         p->read_path_->FlushPendingChecksums();
         p->prefetch_->Update({hb.prefetches().begin(), hb.prefetches().end()});
       });
+  if (options.manifest_copy_max_entries > 0) {
+    a->copier_ = std::thread([p = a.get()] { p->CopyManifests(); });
+  }
   return a;
+}
+
+void NodeAgent::CopyManifests() {
+  do {
+    namespace_->SyncCopies(options_.manifest_copy_max_entries);
+  } while (!stop_copies_.WaitForNotificationWithTimeout(
+      absl::FromChrono(options_.manifest_copy_interval)));
 }
 
 NodeAgent::~NodeAgent() {
   Stop();
-  reporter_.reset();                 // joins its thread
-  metrics_.reset();                  // its callbacks point at this agent
-  scrubber_.reset();                 // quarantines feed the repairer
-  if (repairer_) repairer_->Stop();  // it fills through the read path
-  prefetch_.reset();                 // its workers use the read path
+  if (!stop_copies_.HasBeenNotified()) stop_copies_.Notify();
+  if (copier_.joinable()) copier_.join();  // it uses the namespace
+  reporter_.reset();                       // joins its thread
+  metrics_.reset();                        // its callbacks point at this agent
+  scrubber_.reset();                       // quarantines feed the repairer
+  if (repairer_) repairer_->Stop();        // it fills through the read path
+  prefetch_.reset();                       // its workers use the read path
   if (handover_) handover_->StopListening();
   mount_.reset();  // unmount (unless handed over) before the filesystem it serves goes away
   if (handover_ && handover_->Requested()) {

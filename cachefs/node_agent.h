@@ -17,8 +17,10 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "cachefs/fuse/binding.h"
 #include "meta/meta.pb.h"
 #include "transport/block_transport.h"
@@ -75,6 +77,10 @@ struct NodeOptions {
   std::string token;        // cluster token: sent to meta, and peers must prove it (--token-file)
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds prefetch_owner_grace{15000};  // see PrefetchRunner
+  // Every dataset's latest manifest of at most this many entries is copied to disk ahead of use
+  // (Namespace::SyncCopies), so that meta's absence hides nothing; 0 = none ahead of use.
+  uint64_t manifest_copy_max_entries = 2'000'000;
+  std::chrono::milliseconds manifest_copy_interval{10000};
   std::chrono::milliseconds peer_timeout{3000};  // no progress from a peer this long: next source
   std::string metrics_listen;  // HOST:PORT for HTTP /metrics (Prometheus) and /healthz; "" = off
   // With a token, HTTP paths served without it (common/http_server.h).
@@ -110,6 +116,10 @@ class NodeAgent {
 
   NodeOptions options_;
   std::atomic<bool> stopping_{false};
+  // Copies manifests to disk ahead of use (at start, then every manifest_copy_interval).
+  void CopyManifests();
+  absl::Notification stop_copies_;
+  std::thread copier_;
   // In the order they are built; torn down in reverse (see ~NodeAgent).
   std::unique_ptr<meta::MetaClient> meta_;
   std::unique_ptr<BlockDirectory> directory_;

@@ -219,6 +219,35 @@ TEST_F(FaultTest, MetaKilledNodesKeepServingThenRejoin) {
   EXPECT_NE(loc.out.find("\"a\""), std::string::npos) << loc.out;
 }
 
+// A node that registered but never opened the dataset sees it and reads it while meta is down,
+// also after its own restart: it kept the list and the manifest on disk ahead of use.
+TEST_F(FaultTest, MetaKilledANodeThatNeverOpenedTheDatasetStillServesIt) {
+  MakeDataset(4, 2 * kMiB);
+  auto a = Node("a", 2);
+  ASSERT_EQ(ReadAllWrong(*a), 0);
+  auto b = Node("b", 3);
+  auto copies = [&] {
+    int n = 0;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(b->cache_dir() + "/manifests", ec)) {
+      n += e.path().extension() == ".manifest";
+    }
+    return n;
+  };
+  ASSERT_TRUE(WaitFor([&] { return copies() == 1; }, std::chrono::seconds(20)));
+  meta_->Kill(SIGKILL);
+  std::set<std::string> roots;
+  for (auto& e : fs::directory_iterator(b->mount())) roots.insert(e.path().filename());
+  EXPECT_EQ(roots, std::set<std::string>{"ds"});
+  std::set<std::string> listed;
+  for (auto& e : fs::directory_iterator(b->mount() + "/ds")) listed.insert(e.path().filename());
+  EXPECT_EQ(listed, std::set<std::string>(names_.begin(), names_.end()));
+  EXPECT_EQ(ReadAllWrong(*b), 0);
+  ASSERT_TRUE(b->Stop());
+  ASSERT_TRUE(b->Start());
+  EXPECT_EQ(ReadAllWrong(*b), 0);
+}
+
 TEST_F(FaultTest, AgentKilledDuringFillsLeavesAConsistentCache) {
   MakeDataset(12, 8 * kMiB, "60s", "4MiB");
   auto a = Node("a", 2);

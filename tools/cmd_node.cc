@@ -43,6 +43,7 @@ struct NodeFlags {
   std::string rdma_memory = "512MiB";
   std::string peer_timeout = "3s";
   std::string prefetch_owner_grace = "15s";
+  uint64_t manifest_copy_max_entries = 2'000'000;
   std::string metrics_listen;
   std::string metrics_open = "/healthz";
   std::string fuse_binding = "kernel";
@@ -97,6 +98,11 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--prefetch-owner-grace", f->prefetch_owner_grace,
                 "A prefetch reads the origin for a block itself when the node that should fetch "
                 "it has delivered nothing for this long (it died)")
+      ->capture_default_str();
+  c->add_option("--manifest-copy-max-entries", f->manifest_copy_max_entries,
+                "Keep a copy on disk of every dataset's latest manifest of at most this many "
+                "entries ahead of use, so datasets stay browsable while meta is down (larger "
+                "ones: once used; 0: only used ones)")
       ->capture_default_str();
   c->add_option("--peer-timeout", f->peer_timeout,
                 "A peer silent this long is skipped (and avoided for 10 s)")
@@ -211,6 +217,7 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   auto grace = ParseDuration(f.prefetch_owner_grace);
   if (!grace.ok()) Fail(grace.status());
   o.prefetch_owner_grace = *grace;
+  o.manifest_copy_max_entries = f.manifest_copy_max_entries;
   if (!f.metrics_listen.empty()) {
     if (auto s = ValidateHostPort("--metrics-listen", f.metrics_listen); !s.ok()) Fail(s);
   }
