@@ -96,6 +96,7 @@ absl::Status LocationIndex::Load() {
   node_versions_.clear();
   RETURN_IF_ERROR(store_->ForEachLocation(
       [&](const FileKey& key, const std::string& node, const std::string& bitmap) {
+        mu_.AssertHeld();  // called within this function's lock
         SetLocked(key, NodeIdLocked(node), bitmap);
         records++;
       }));
