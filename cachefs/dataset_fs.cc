@@ -75,10 +75,9 @@ absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name
   const auto& view = std::get<0>(*r);  // not a structured binding: the lambda captures it
   const FsNode& dir = std::get<1>(*r);
   if (dir.type != rpc::FileEntry::DIR) return ErrnoStatus(ENOTDIR, "not a directory");
-  auto it =
-      std::lower_bound(dir.children.begin(), dir.children.end(), name,
-                       [&](uint32_t id, const std::string& n) { return view->Get(id)->name < n; });
-  if (it == dir.children.end() || view->Get(*it)->name != name) {
+  auto it = std::lower_bound(dir.children.begin(), dir.children.end(), name,
+                             [&](uint32_t id, const std::string& n) { return view->Name(id) < n; });
+  if (it == dir.children.end() || view->Name(*it) != name) {
     return absl::NotFoundError(absl::StrCat("no entry '", name, "'"));
   }
   return Entry{AttrOf(*view, *it, *view->Get(*it)), kImmutableTimeout};

@@ -196,20 +196,23 @@ absl::StatusOr<std::string> ManifestCache::Read(const std::string& name) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+std::string ManifestCache::ManifestName(uint32_t dataset_id, uint32_t version) {
+  return absl::StrCat(dataset_id, "-", version, ".manifest");
+}
+
 absl::Status ManifestCache::SaveManifest(const DatasetView& view) {
-  return WriteAtomically(absl::StrCat(view.dataset_id, "-", view.version, ".manifest"),
-                         EncodeManifest(view));
+  return WriteAtomically(ManifestName(view.dataset_id, view.version), EncodeManifest(view));
 }
 
 bool ManifestCache::HasManifest(uint32_t dataset_id, uint32_t version) {
   if (dir_.empty()) return false;
   struct stat st;
-  return stat(absl::StrCat(dir_, "/", dataset_id, "-", version, ".manifest").c_str(), &st) == 0;
+  return stat(absl::StrCat(dir_, "/", ManifestName(dataset_id, version)).c_str(), &st) == 0;
 }
 
 absl::StatusOr<std::shared_ptr<DatasetView>> ManifestCache::LoadManifest(uint32_t dataset_id,
                                                                          uint32_t version) {
-  std::string name = absl::StrCat(dataset_id, "-", version, ".manifest");
+  std::string name = ManifestName(dataset_id, version);
   ASSIGN_OR_RETURN(std::string bytes, Read(name));
   auto v = DecodeManifest(bytes);
   if (v.ok() && ((*v)->dataset_id != dataset_id || (*v)->version != version)) {

@@ -46,6 +46,7 @@ class ManifestCache {
   absl::StatusOr<std::vector<rpc::Dataset>> LoadDatasets();
 
  private:
+  static std::string ManifestName(uint32_t dataset_id, uint32_t version);
   absl::Status WriteAtomically(const std::string& name, const std::string& bytes);
   absl::StatusOr<std::string> Read(const std::string& name);
   std::string dir_;

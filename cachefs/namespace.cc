@@ -241,12 +241,7 @@ size_t Namespace::SyncCopies(uint64_t max_entries) {
       }
       continue;
     }
-    {
-      absl::ReaderMutexLock lock(&views_mu_);
-      bool loaded = false;
-      for (const auto& [key, v] : views_) loaded |= key.first == ds.id() && v->version == version;
-      if (loaded) continue;  // its copy was written when it was loaded
-    }
+    if (LoadedVersion(ds.id(), version) != nullptr) continue;  // copied when it was loaded
     auto v = LoadFromMeta(ds, version);
     if (!v.ok()) {
       spdlog::warn("node: cannot copy a manifest ahead of use: {}",
@@ -264,6 +259,14 @@ size_t Namespace::SyncCopies(uint64_t max_entries) {
   }
   if (copied > 0) ReleaseFreeMemory();
   return copied;
+}
+
+std::shared_ptr<const DatasetView> Namespace::LoadedVersion(uint32_t dataset_id, uint32_t version) {
+  absl::ReaderMutexLock lock(&views_mu_);
+  for (const auto& [key, v] : views_) {
+    if (key.first == dataset_id && v->version == version) return v;
+  }
+  return nullptr;
 }
 
 Namespace::Memory Namespace::GetMemory() {
@@ -288,16 +291,8 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> Namespace::Load(const rpc::Da
   }
   const uint32_t version = view == 0 ? ds.latest_version() : view;
   std::shared_ptr<DatasetView> v;
-  {
-    // The other view of the same version (NAME and NAME@V) shares its table.
-    absl::ReaderMutexLock lock(&views_mu_);
-    for (const auto& [key, other] : views_) {
-      if (key.first == ds.id() && other->version == version) {
-        v = std::make_shared<DatasetView>(*other);
-        break;
-      }
-    }
-  }
+  // The other view of the same version (NAME and NAME@V) shares its table.
+  if (auto other = LoadedVersion(ds.id(), version)) v = std::make_shared<DatasetView>(*other);
   if (v == nullptr && disk_ != nullptr) {
     auto saved = disk_->LoadManifest(ds.id(), version);
     if (saved.ok()) {

@@ -59,6 +59,11 @@ class ManifestTable {
   size_t size() const { return entries_.size(); }
   // Returns: the entry of file_id (1-based), or nullopt.
   std::optional<FsNode> Get(uint64_t file_id) const;
+  // The entry's name alone (REQUIRES: 1 <= file_id <= size()).
+  std::string_view Name(uint64_t file_id) const {
+    const Packed& p = entries_[file_id - 1];
+    return std::string_view(arena_).substr(p.name_off, p.name_len);
+  }
   // Bytes held (for the log and the memory figures).
   size_t MemoryBytes() const;
 
@@ -105,6 +110,7 @@ struct DatasetView {
   std::shared_ptr<ManifestTable> files = std::make_shared<ManifestTable>();
 
   std::optional<FsNode> Get(uint64_t file_id) const { return files->Get(file_id); }
+  std::string_view Name(uint64_t file_id) const { return files->Name(file_id); }
   size_t size() const { return files->size(); }
   // The path of a file relative to the dataset root.
   std::string PathOf(uint64_t file_id) const;
@@ -147,6 +153,9 @@ class Namespace {
   absl::StatusOr<std::shared_ptr<DatasetView>> LoadFromMeta(const rpc::Dataset& ds,
                                                             uint32_t version);
   absl::StatusOr<rpc::Dataset> DatasetById(uint32_t id);
+  // A loaded view (either name) of the dataset's version, or null.
+  std::shared_ptr<const DatasetView> LoadedVersion(uint32_t dataset_id, uint32_t version)
+      ABSL_LOCKS_EXCLUDED(views_mu_);
 
   meta::MetaClient* meta_;
   ManifestCache* disk_;
