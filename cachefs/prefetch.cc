@@ -222,8 +222,7 @@ void PrefetchRunner::Run(Running* r) {
     if (!refs.count(b.file_id)) refs[b.file_id] = MakeFileRef(**view, b.file_id);
     left_in_file[b.file_id]++;
     const auto& ref = refs[b.file_id];
-    progress.set_bytes_total(progress.bytes_total() +
-                             std::min(ref.block_size, ref.origin.size - b.index * ref.block_size));
+    progress.set_bytes_total(progress.bytes_total() + ref.BlockLength(b.index));
   }
   progress.set_blocks_total(mine.size());
   progress.set_files_total(files.size());
@@ -274,7 +273,7 @@ void PrefetchRunner::Run(Running* r) {
   auto account = [&](const Item& item, const absl::StatusOr<ReadPath::Source>& src) {
     const Block& b = item.block;
     const FileRef& ref = refs.at(b.file_id);
-    const uint64_t len = std::min(ref.block_size, ref.origin.size - b.index * ref.block_size);
+    const uint64_t len = ref.BlockLength(b.index);
     if (!src.ok()) {
       progress.set_blocks_failed(progress.blocks_failed() + 1);
       if (static_cast<size_t>(progress.failures_size()) < kMaxFailures) {
@@ -306,7 +305,9 @@ void PrefetchRunner::Run(Running* r) {
   // A pending fill holds its block's bytes: settle by bytes too (large blocks), not only count.
   auto full = [&](const std::vector<Pending>& pending) {
     uint64_t bytes = 0;
-    for (const Pending& p : pending) bytes += refs.at(p.item.block.file_id).block_size;
+    for (const Pending& p : pending) {
+      bytes += refs.at(p.item.block.file_id).BlockLength(p.item.block.index);
+    }
     return pending.size() >= kUnsettled || bytes >= kUnsettledBytes;
   };
   auto settle = [&](std::vector<Pending>& pending) {
@@ -358,7 +359,7 @@ void PrefetchRunner::Run(Running* r) {
             uint64_t bytes = 0;
             while (!located.empty() && batch.size() < kPeerBatch && bytes < kPeerBatchBytes) {
               batch.push_back(located.front());
-              bytes += refs.at(batch.back().block.file_id).block_size;
+              bytes += refs.at(batch.back().block.file_id).BlockLength(batch.back().block.index);
               located.pop_front();
             }
           } else {

@@ -24,7 +24,9 @@ namespace ember {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::HttpGet;
 using testing::MetaProcess;
+using testing::MetricSample;
 using testing::NodeProcess;
 using testing::ReadFile;
 using testing::ReadUncached;
@@ -33,22 +35,6 @@ using testing::TempDir;
 using testing::WaitFor;
 using testing::WriteFile;
 using testing::WriteRandomFile;
-
-std::string HttpGet(const std::string& host_port, const std::string& path) {
-  size_t colon = host_port.rfind(':');
-  httplib::Client c(host_port.substr(0, colon), std::stoi(host_port.substr(colon + 1)));
-  c.set_connection_timeout(5);
-  c.set_read_timeout(10);
-  auto r = c.Get(path);
-  return r && r->status == 200 ? r->body : "";
-}
-
-// The value of one sample (`name{labels} value`) in Prometheus text, or -1.
-double Sample(const std::string& text, const std::string& series) {
-  size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
 
 class OperateTest : public ::testing::Test {
  protected:
@@ -95,23 +81,25 @@ TEST_F(OperateTest, MetricsAreRightAndPassPromtool) {
   ASSERT_FALSE(meta.empty());
   uint64_t origin_bytes = 0;
   for (int i = 0; i < 3; i++) origin_bytes += (3 << 20) + i * 100;
-  EXPECT_EQ(Sample(node, "ember_cache_capacity_bytes"), 256.0 * (1 << 20));
-  EXPECT_EQ(Sample(node, "ember_cache_used_bytes"), static_cast<double>(origin_bytes));
-  EXPECT_EQ(Sample(node, "ember_read_bytes_total{source=\"origin\"}"),
+  EXPECT_EQ(MetricSample(node, "ember_cache_capacity_bytes"), 256.0 * (1 << 20));
+  EXPECT_EQ(MetricSample(node, "ember_cache_used_bytes"), static_cast<double>(origin_bytes));
+  EXPECT_EQ(MetricSample(node, "ember_read_bytes_total{source=\"origin\"}"),
             static_cast<double>(origin_bytes));
-  EXPECT_EQ(Sample(node, "ember_cache_resident_blocks"), 3);
-  EXPECT_EQ(Sample(node, "ember_fill_seconds_count{source=\"origin\"}"), 3);
-  EXPECT_GE(Sample(node, "ember_fuse_request_seconds_count{op=\"read\"}"), 3);
-  EXPECT_EQ(Sample(node, "ember_peer_errors_total{kind=\"timeout\"}"), 0);
-  EXPECT_GE(Sample(node, "ember_meta_client_seconds_count{request=\"HeartbeatRequest\"}"), 1);
-  EXPECT_EQ(Sample(meta, "ember_meta_nodes{state=\"alive\"}"), 1);
-  EXPECT_EQ(Sample(meta, "ember_meta_datasets"), 1);
-  EXPECT_EQ(Sample(meta, "ember_scheduler_queue_length"), 0);
-  EXPECT_GE(Sample(meta, "ember_meta_rpc_seconds_count{method=\"Heartbeat\"}"), 1);
+  EXPECT_EQ(MetricSample(node, "ember_cache_resident_blocks"), 3);
+  EXPECT_EQ(MetricSample(node, "ember_fill_seconds_count{source=\"origin\"}"), 3);
+  EXPECT_GE(MetricSample(node, "ember_fuse_request_seconds_count{op=\"read\"}"), 3);
+  EXPECT_EQ(MetricSample(node, "ember_peer_errors_total{kind=\"timeout\"}"), 0);
+  EXPECT_GE(MetricSample(node, "ember_meta_client_seconds_count{request=\"HeartbeatRequest\"}"), 1);
+  EXPECT_EQ(MetricSample(meta, "ember_meta_nodes{state=\"alive\"}"), 1);
+  EXPECT_EQ(MetricSample(meta, "ember_meta_datasets"), 1);
+  EXPECT_EQ(MetricSample(meta, "ember_scheduler_queue_length"), 0);
+  EXPECT_GE(MetricSample(meta, "ember_meta_rpc_seconds_count{method=\"Heartbeat\"}"), 1);
   // A lease expiry is counted: stop the node and wait past the 3 s lease.
   ASSERT_TRUE(n->Stop());
   EXPECT_TRUE(WaitFor(
-      [&] { return Sample(HttpGet(http_, "/metrics"), "ember_meta_lease_expiries_total") == 1; },
+      [&] {
+        return MetricSample(HttpGet(http_, "/metrics"), "ember_meta_lease_expiries_total") == 1;
+      },
       std::chrono::seconds(10)));
 
   if (!testing::HaveCommand("promtool"))
@@ -140,8 +128,8 @@ TEST_F(OperateTest, ReaddirplusOnlyWhenAskedFor) {
     NodeProcess n(dir_.Sub(o.id), meta_->address(), o);
     ASSERT_TRUE(n.Start());
     auto ops = [&](const std::string& op) {
-      return Sample(HttpGet(maddr, "/metrics"),
-                    absl::StrCat("ember_fuse_request_seconds_count{op=\"", op, "\"}"));
+      return MetricSample(HttpGet(maddr, "/metrics"),
+                          absl::StrCat("ember_fuse_request_seconds_count{op=\"", op, "\"}"));
     };
     const double lookups_before = std::max(0.0, ops("lookup"));
     int listed = 0;
@@ -186,7 +174,7 @@ TEST_F(OperateTest, NoOpenMountReadsFilesWithoutOpenRequests) {
   NodeProcess n(dir_.Sub(o.id), meta_->address(), o);
   ASSERT_TRUE(n.Start());
   auto metric = [&](const std::string& series) {
-    return std::max(0.0, Sample(HttpGet(maddr, "/metrics"), series));
+    return std::max(0.0, MetricSample(HttpGet(maddr, "/metrics"), series));
   };
   auto ops = [&](const std::string& op) {
     return metric(absl::StrCat("ember_fuse_request_seconds_count{op=\"", op, "\"}"));
@@ -256,7 +244,7 @@ TEST_F(OperateTest, ManifestOfAVersionIsHeldOnceWhateverItIsCalled) {
   auto n = Node("n1", 2, &maddr);
   auto entries = [&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(600));  // figures are 500 ms fresh
-    return Sample(HttpGet(maddr, "/metrics"), "ember_manifest_entries");
+    return MetricSample(HttpGet(maddr, "/metrics"), "ember_manifest_entries");
   };
   EXPECT_EQ(entries(), 0);
   ASSERT_EQ(ReadFile(n->mount() + "/ds/a/f1.bin"), ReadFile(origin_ + "/a/f1.bin"));
@@ -270,7 +258,7 @@ TEST_F(OperateTest, ManifestOfAVersionIsHeldOnceWhateverItIsCalled) {
   std::sort(listed.begin(), listed.end());
   EXPECT_EQ(listed,
             (std::vector<std::string>{"f0.bin", "f1.bin", "f2.bin", "f3.bin", "f4.bin", "f5.bin"}));
-  const double bytes = Sample(HttpGet(maddr, "/metrics"), "ember_manifest_memory_bytes");
+  const double bytes = MetricSample(HttpGet(maddr, "/metrics"), "ember_manifest_memory_bytes");
   EXPECT_GT(bytes, 8 * 40);
   EXPECT_LT(bytes, 8 * 200);
 }

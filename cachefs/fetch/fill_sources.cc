@@ -25,8 +25,7 @@ std::vector<FillSources::Fetched> FillSources::FetchFromPeers(
   std::vector<PeerFetcher::Want> wants(blocks.size());
   for (size_t i = 0; i < blocks.size(); i++) {
     const auto& [file, index] = blocks[i];
-    const uint64_t offset = index * file->block_size;
-    const size_t len = static_cast<size_t>(std::min(file->block_size, file->origin.size - offset));
+    const size_t len = static_cast<size_t>(file->BlockLength(index));
     out[i].data = std::make_shared<BlockBuffer>(len);
     wants[i] = {file->Block(index), static_cast<uint32_t>(len), out[i].data->data()};
   }
@@ -49,7 +48,7 @@ FillSources::Fetched FillSources::Fetch(const FileRef& file, uint64_t index, Fil
   const bool allow_origin = AllowsOrigin(route);
   const BlockAddr addr = file.Block(index);
   const uint64_t offset = index * file.block_size;
-  const size_t len = static_cast<size_t>(std::min(file.block_size, file.origin.size - offset));
+  const size_t len = static_cast<size_t>(file.BlockLength(index));
   Fetched f;
   f.data = std::make_shared<BlockBuffer>(len);
   static metrics::Histogram* const peer_fill = metrics::Global().GetHistogram(

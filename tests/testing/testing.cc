@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -106,6 +107,21 @@ RunResult RunEmber(const std::vector<std::string>& args, std::vector<std::string
   unlink((prefix + ".out").c_str());
   unlink((prefix + ".err").c_str());
   return r;
+}
+
+std::string HttpGet(const std::string& host_port, const std::string& path) {
+  size_t colon = host_port.rfind(':');
+  httplib::Client c(host_port.substr(0, colon), std::stoi(host_port.substr(colon + 1)));
+  c.set_connection_timeout(5);
+  c.set_read_timeout(10);
+  auto r = c.Get(path);
+  return r && r->status == 200 ? r->body : "";
+}
+
+double MetricSample(const std::string& text, const std::string& series) {
+  size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
 }
 
 int FreePort(const std::string& host) {

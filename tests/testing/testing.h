@@ -66,6 +66,11 @@ int FreePort(const std::string& host = "127.0.0.1");
 // True if a TCP connection to host:port (IPv4) succeeds now.
 bool PortOpen(const std::string& host_port);
 
+// GET http://host_port/path. Returns: the body of a 200 answer, else "".
+std::string HttpGet(const std::string& host_port, const std::string& path);
+// The value of one sample (`name{labels} value`, exactly as exported) in Prometheus text, or -1.
+double MetricSample(const std::string& text, const std::string& series);
+
 // Polls `pred` every 20 ms until true or the timeout; returns its last value.
 bool WaitFor(const std::function<bool()>& pred,
              std::chrono::milliseconds timeout = std::chrono::seconds(10));
