@@ -21,11 +21,11 @@ constexpr auto kReportEvery = std::chrono::milliseconds(500);
 // backing off to kPollMax while none do.
 constexpr size_t kLocateBatch = 1024;
 // Blocks a prefetch worker has fetched whose cache writes it has not waited for yet.
-constexpr size_t kUnsettled = 64;
+constexpr size_t kUnsettled = 256;
 constexpr uint64_t kUnsettledBytes = 16u << 20;
 // Located blocks a worker fetches at once (one pipelined request per holder), up to this many
 // bytes.
-constexpr size_t kPeerBatch = 64;
+constexpr size_t kPeerBatch = 256;
 constexpr uint64_t kPeerBatchBytes = 16u << 20;
 constexpr auto kWatchWait = std::chrono::milliseconds(5000);
 constexpr auto kPollMin = std::chrono::milliseconds(20);
