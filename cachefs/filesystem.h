@@ -31,6 +31,16 @@ struct Attr {
   bool complete = true;  // false: only ino and type are known (readdirplus then skips it)
 };
 
+// The st_blksize to report for a file of `size` bytes: readers size their buffers by it (GNU cat
+// allocates and unmaps one per file, Python's open() buffers by it), so a small file gets a
+// small one (4 KiB up to its size rounded to a power of two), a large file 1 MiB.
+inline uint32_t PreferredIoSize(uint64_t size) {
+  constexpr uint64_t kMin = 4096, kMax = 1 << 20;
+  uint64_t b = kMin;
+  while (b < size && b < kMax) b <<= 1;
+  return static_cast<uint32_t>(b);
+}
+
 struct Entry {
   Attr attr;
   double timeout_s = 0;  // how long the kernel may cache the entry and its attributes

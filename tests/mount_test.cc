@@ -181,6 +181,15 @@ TEST_F(MountTest, GeneratedDatasetIsByteIdenticalAndSecondReadHits) {
   EXPECT_EQ(errno, EROFS);
   EXPECT_EQ(mkdir((mnt + "/new").c_str(), 0755), -1);
   EXPECT_EQ(errno, EROFS);
+  // The preferred I/O size follows the file: readers that size a buffer by it (GNU cat, Python's
+  // open) allocate 4 KiB for a tiny file, not 1 MiB per file as before; large files get 1 MiB.
+  struct stat sb;
+  ASSERT_EQ(stat((mnt + "/a/small.txt").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_blksize, 4096);
+  ASSERT_EQ(stat((mnt + "/a/b/c/img-0.jpg").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_blksize, 128 << 10);
+  ASSERT_EQ(stat((mnt + "/big.bin").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_blksize, 1 << 20);
   // Symlinks are shown, never followed out of the dataset.
   EXPECT_EQ(fs::read_symlink(mnt + "/link-out"), "/etc/hostname");
   EXPECT_EQ(ReadUncached(mnt + "/link-in"), "hello ember\n");

@@ -71,7 +71,7 @@ void FillAttr(const Attr& a, fuse_attr* o) {
   o->nlink = a.nlink;
   o->uid = a.uid;
   o->gid = a.gid;
-  o->blksize = 1 << 20;
+  o->blksize = PreferredIoSize(a.size);
 }
 
 void FillEntry(const Entry& e, fuse_entry_out* o) {

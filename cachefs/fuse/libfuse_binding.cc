@@ -33,7 +33,7 @@ void FillStat(const Attr& a, struct stat* st) {
   st->st_uid = a.uid;
   st->st_gid = a.gid;
   st->st_size = static_cast<off_t>(a.size);
-  st->st_blksize = 1 << 20;
+  st->st_blksize = PreferredIoSize(a.size);
   st->st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
   st->st_mtim.tv_sec = a.mtime_ns / 1'000'000'000;
   st->st_mtim.tv_nsec = a.mtime_ns % 1'000'000'000;
