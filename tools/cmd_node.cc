@@ -136,7 +136,8 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
       ->capture_default_str();
   c->add_option("--scrub-rate", f->scrub_rate,
                 "Pace of the background check of every cached block on disk, per second (e.g. "
-                "64MiB; auto: a full pass per day of --cache-size; 0: off)")
+                "64MiB; a block counts as at least 64 KiB; auto: a full pass per day of "
+                "--cache-size; 0: off)")
       ->capture_default_str();
   if (!for_up) {
     c->add_flag("--supervise", f->supervise,

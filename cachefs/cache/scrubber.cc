@@ -13,6 +13,9 @@ namespace ember::cachefs {
 namespace {
 
 constexpr size_t kWalkChunk = 1024;  // blocks listed from the cache at a time
+// The background pace counts a block as at least this many bytes: a tiny block costs a disk read
+// (and the checks around it) like a large one's first chunk.
+constexpr uint64_t kMinPaceCharge = 64 << 10;
 
 metrics::Counter* ScrubBytes() {
   static metrics::Counter* const c = metrics::Global().GetCounter(
@@ -131,7 +134,9 @@ void Scrubber::Run() {
     }
     last = batch[next++];
     have_last = true;
-    Pace(Check(last, /*background=*/true));
+    if (const uint64_t len = Check(last, /*background=*/true); len > 0) {
+      Pace(std::max(len, kMinPaceCharge));
+    }
   }
 }
 

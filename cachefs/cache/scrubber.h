@@ -1,7 +1,8 @@
 // Scrubber: walks the whole cache at a bounded rate and checks every resident block against its
 // checksum on the disk itself (BlockCache::ScrubBlock: O_DIRECT, past the page cache), so a
 // block that rots where nobody reads it is found, quarantined and refilled before anyone needs
-// it. A full pass at the default rate takes about a day for a full cache. Blocks a passthrough
+// it. A full pass at the default rate takes about a day for a full cache (longer for one of tiny
+// blocks: the pace counts each block as at least 64 KiB, a disk read). Blocks a passthrough
 // open is waiting for (checked since the agent started: see block_cache.h) are checked first,
 // at full speed.
 //
