@@ -14,6 +14,8 @@
 #    the same-run ceiling or native. Figures go into docs/benchmarks.md by hand.
 #    bench_files_memory.sh: agent and meta RSS per file at 200,000 and 1,000,000 files, with
 #    dataset add and find at that size.
+# 4. bench_meta_ha.sh (when etcd is installed): meta's restart time on its data dir, etcd's write
+#    latency and leader failover on 127.0.0.11-13: the figures behind docs/meta-ha.md.
 set -euo pipefail
 BUILD=$(realpath "${1:-build}")
 EMBER=$BUILD/bin/ember
@@ -62,6 +64,13 @@ say "small files"
 "$(dirname "$0")/bench_small.sh" "$BUILD" | tee -a "$OUT/results.md"
 say "memory per file at 1M files"
 "$(dirname "$0")/bench_files_memory.sh" "$BUILD" | tee -a "$OUT/results.md"
+# ---- meta failover's figures (bench_meta_ha.sh; needs etcd: #26 part 2, docs/meta-ha.md) ----
+if command -v etcd > /dev/null; then
+  say "meta failover"
+  "$(dirname "$0")/bench_meta_ha.sh" "$BUILD" | tee -a "$OUT/results.md"
+else
+  say "meta failover: skipped (apt-get install etcd-server etcd-client)"
+fi
 trap 'stop_all' EXIT
 
 # ---- RDMA: the transport's own cost per block on the fake device, beside TCP (rdma_bench) ----

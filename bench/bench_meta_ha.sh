@@ -1,0 +1,146 @@
+#!/bin/bash
+# The figures behind the choice of how meta fails over (#26 part 2; docs/meta-ha.md):
+#  (a) one meta restarted on its data dir: kill -9, start again, time until it answers, with the
+#      200,000-file tiny dataset in its store;
+#  (b)/(c) etcd as the agreement engine: three members on 127.0.0.11-13, `etcdctl check perf`,
+#      and the time from kill -9 of the leader until the survivors have a new leader (KILLS
+#      times; the killed member rejoins between kills).
+# Usage: bench/bench_meta_ha.sh [BUILD]; KILLS (default 10). Needs etcd-server and etcd-client
+# (Debian's 3.4). Writes a table to BUILD/bench/meta_ha.md; --json prints it as JSON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JSON=0
+ARGS=()
+for a in "$@"; do [ "$a" = --json ] && JSON=1 || ARGS+=("$a"); done
+. bench/common.sh
+bench_init bench_meta_ha meta_ha "${ARGS[0]:-build}"
+KILLS=${KILLS:-10}
+command -v etcd > /dev/null || { echo "bench_meta_ha: needs etcd (apt-get install etcd-server etcd-client)" >&2; exit 1; }
+SMALL=${EMBER_BENCH_DIR:-/var/tmp/ember-bench}/small
+TINY=$SMALL/tiny
+if [ ! -f "$SMALL/tiny.done" ]; then
+  say "generating tiny"
+  rm -rf "$TINY"; mkdir -p "$TINY"
+  python3 bench/gen_small.py "$TINY" tiny
+  touch "$SMALL/tiny.done"
+fi
+rm -rf "$WORK"; mkdir -p "$WORK"
+ETCD_PIDS=()
+cleanup() { stop_all; for p in "${ETCD_PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+ROWS=()
+row() { ROWS+=("$1|$2|$3"); }  # case, value, note
+
+# (a) meta restarted on its data dir.
+PORT=$((30000 + RANDOM % 10000))
+export EMBER_META=127.0.0.1:$PORT
+start_meta() {
+  "$B/ember" meta --listen "$EMBER_META" --data-dir "$WORK/meta" >> "$WORK/meta.log" 2>&1 &
+  META_PID=$!
+}
+start_meta
+until "$B/ember" dataset ls > /dev/null 2>&1; do sleep 0.05; done
+say "dataset add of the tiny set (200,000 files)"
+t0=$(now); "$B/ember" dataset add tiny "$TINY" > /dev/null; t1=$(now)
+row "dataset add, 200,000 files (one meta)" "$(secs "$t0" "$t1") s" ""
+best=""; worst=0
+for i in 1 2 3; do
+  kill -9 "$META_PID"; wait "$META_PID" 2>/dev/null || true
+  t0=$(now); start_meta
+  until "$B/ember" dataset ls > /dev/null 2>&1; do sleep 0.02; done
+  t1=$(now); s=$(secs "$t0" "$t1")
+  say "meta restart $i: $s s"
+  best=$(awk -v a="${best:-$s}" -v b="$s" 'BEGIN { print (b < a ? b : a) }')
+  worst=$(awk -v a="$worst" -v b="$s" 'BEGIN { print (b > a ? b : a) }')
+done
+kill "$META_PID"; wait "$META_PID" 2>/dev/null || true
+row "meta kill -9 -> answering again on its data dir (process start only)" "$best-$worst s" \
+  "3 restarts; a rescheduled pod adds its own start and volume attach"
+
+# etcd: three members.
+CLUSTER=""
+for m in 1 2 3; do CLUSTER+="m$m=http://127.0.0.1$m:2380,"; done
+CLUSTER=${CLUSTER%,}
+ENDPOINTS="127.0.0.11:2379,127.0.0.12:2379,127.0.0.13:2379"
+start_member() {  # M
+  local m=$1
+  etcd --name "m$m" --data-dir "$WORK/etcd$m" \
+    --listen-client-urls "http://127.0.0.1$m:2379" --advertise-client-urls "http://127.0.0.1$m:2379" \
+    --listen-peer-urls "http://127.0.0.1$m:2380" --initial-advertise-peer-urls "http://127.0.0.1$m:2380" \
+    --initial-cluster "$CLUSTER" --initial-cluster-state "${2:-new}" \
+    --heartbeat-interval 100 --election-timeout 1000 >> "$WORK/etcd$m.log" 2>&1 &
+  ETCD_PIDS[$m]=$!
+}
+for m in 1 2 3; do start_member $m; done
+until ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" endpoint health > /dev/null 2>&1; do sleep 0.1; done
+say "etcdctl check perf --load=s"
+perf=$(ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" check perf --load=s 2>&1 || true)
+echo "$perf" > "$WORK/check_perf.txt"
+tput=$(echo "$perf" | grep -o "Throughput is [0-9.]* writes/s" | head -1 || true)
+lat=$(echo "$perf" | grep -o "Slowest request took [0-9.]*s" | head -1 || true)
+stddev=$(echo "$perf" | grep -o "Stddev is [0-9.]*s" | head -1 || true)
+row "etcd 3 members, etcdctl check perf --load=s" "${tput:-?}" "${lat:-?}; ${stddev:-?}"
+# One client's sequential writes (a meta leader recording a version, a job, a claim batch):
+# the v3 JSON gateway over one kept-alive connection.
+say "500 sequential puts"
+puts=$(python3 - <<'PY'
+import base64, http.client, json, time
+c = http.client.HTTPConnection("127.0.0.11", 2379)
+lat = []
+for i in range(500):
+    body = json.dumps({"key": base64.b64encode(b"/ember/bench/%d" % i).decode(),
+                       "value": base64.b64encode(b"x" * 200).decode()})
+    t = time.perf_counter()
+    c.request("POST", "/v3/kv/put", body, {"Content-Type": "application/json"})
+    r = c.getresponse(); r.read()
+    assert r.status == 200, r.status
+    lat.append(time.perf_counter() - t)
+lat.sort()
+print("%.1f ms|%.1f ms" % (1000 * sum(lat) / len(lat), 1000 * lat[int(len(lat) * 0.99)]))
+PY
+)
+row "etcd put, one client, sequential (mean / p99)" "${puts%%|*} / ${puts##*|}" "500 puts of 200 B"
+
+leader() {  # prints the member number that leads, as the survivors see it, or nothing
+  ETCDCTL_API=3 etcdctl --endpoints "$1" endpoint status -w json --command-timeout=300ms 2> /dev/null |
+    python3 -c 'import json,sys
+try:
+    s = json.load(sys.stdin)
+except Exception:
+    sys.exit(0)
+for e in s:
+    h = e["Status"]["header"]
+    if e["Status"].get("leader") == h["member_id"]:
+        print(e["Endpoint"].split(":")[0][-1])
+        break'
+}
+times=()
+for k in $(seq "$KILLS"); do
+  l=$(leader "$ENDPOINTS")
+  [ -n "$l" ] || { sleep 0.5; continue; }
+  survivors=$(echo "$ENDPOINTS" | tr ',' '\n' | grep -v "127.0.0.1$l:" | paste -sd,)
+  kill -9 "${ETCD_PIDS[$l]}"; wait "${ETCD_PIDS[$l]}" 2>/dev/null || true
+  t0=$(now)
+  until [ -n "$(leader "$survivors")" ]; do sleep 0.02; done
+  t1=$(now); times+=("$(secs "$t0" "$t1")")
+  say "etcd leader m$l killed: new leader after ${times[-1]} s"
+  start_member "$l" existing
+  until ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" endpoint health > /dev/null 2>&1; do sleep 0.1; done
+  sleep 1
+done
+sorted=$(printf '%s\n' "${times[@]}" | sort -n)
+n=${#times[@]}
+median=$(echo "$sorted" | sed -n "$(((n + 1) / 2))p")
+max=$(echo "$sorted" | tail -1)
+row "etcd leader kill -9 -> new leader (election timeout 1 s)" "median $median s, max $max s" "$n kills"
+
+if [ "$JSON" = 1 ]; then
+  printf '%s\n' "${ROWS[@]}" | python3 -c 'import json,sys
+print(json.dumps([dict(zip(["case","value","note"], l.rstrip("\n").split("|"))) for l in sys.stdin], indent=1))'
+else
+  {
+    echo "| case | value | note |"
+    echo "| --- | --- | --- |"
+    for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+  } | tee "$OUT/meta_ha.md"
+fi
