@@ -329,30 +329,38 @@ TEST(RecentBlocksTest, BlocksFromTheOriginOutliveBlocksFromPeers) {
   EXPECT_NE(recent.Peek(block(5), &sum), nullptr);
 }
 
-// The bound is memory: room for 2 blocks of 4 MiB holds 128 small blocks (a small-file dataset's
-// blocks stay for the peers that want them next), and one big block makes room by dropping the
-// oldest small ones.
+// The bound is memory: room for 2 blocks of 4 MiB holds 2 x 4 MiB / kMinCost small blocks (a
+// small-file dataset's blocks stay for the peers that want them next), and one big block makes
+// room by dropping the oldest small ones.
 TEST(RecentBlocksTest, SmallBlocksAreKeptByMemoryNotByCount) {
+  constexpr uint64_t kPerUnit = RecentBlocks::kUnitBytes / RecentBlocks::kMinCost;
+  constexpr uint64_t kFit = 2 * kPerUnit;
   RecentBlocks recent(2);
   auto block = [](uint64_t i) { return BlockAddr{1, 1, 7, i}; };
   auto small = std::make_shared<const BlockBuffer>(RecentBlocks::kMinCost);
   uint64_t sum = 0;
-  for (uint64_t i = 0; i < 128; i++) recent.Put(block(i), small, i, /*from_origin=*/true);
+  for (uint64_t i = 0; i < kFit; i++) recent.Put(block(i), small, i, /*from_origin=*/true);
   EXPECT_NE(recent.Peek(block(0), &sum), nullptr);
-  EXPECT_NE(recent.Peek(block(127), &sum), nullptr);
-  EXPECT_EQ(sum, 127u);
-  recent.Put(block(128), small, 128, true);  // over: the oldest goes
+  EXPECT_NE(recent.Peek(block(kFit - 1), &sum), nullptr);
+  EXPECT_EQ(sum, kFit - 1);
+  recent.Put(block(kFit), small, kFit, true);  // over: the oldest goes
   EXPECT_EQ(recent.Peek(block(0), &sum), nullptr);
   EXPECT_NE(recent.Get(block(1)), nullptr);  // now the newest
   auto big = std::make_shared<const BlockBuffer>(RecentBlocks::kUnitBytes);
-  recent.Put(block(1000), big, 1000, true);  // 4 MiB: 64 small ones leave, oldest first
+  recent.Put(block(1 << 20), big, 1000, true);  // 4 MiB: kPerUnit small ones leave, oldest first
   EXPECT_EQ(recent.Peek(block(2), &sum), nullptr);
-  EXPECT_EQ(recent.Peek(block(65), &sum), nullptr);
-  EXPECT_NE(recent.Peek(block(66), &sum), nullptr);
+  EXPECT_EQ(recent.Peek(block(kPerUnit + 1), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(kPerUnit + 2), &sum), nullptr);
   EXPECT_NE(recent.Peek(block(1), &sum), nullptr);  // read last, kept
-  EXPECT_NE(recent.Peek(block(1000), &sum), nullptr);
-  recent.Erase(block(1000));
-  EXPECT_EQ(recent.Peek(block(1000), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(1 << 20), &sum), nullptr);
+  recent.Erase(block(1 << 20));
+  EXPECT_EQ(recent.Peek(block(1 << 20), &sum), nullptr);
+  // A tiny file's block counts near its real cost (a 4 KiB-aligned buffer), not as 64 KiB as
+  // before: 4 MiB holds 400 blocks of 2.5 KB (before: 64), what peers of a prefetch ask for.
+  RecentBlocks one(1);
+  auto tiny = std::make_shared<const BlockBuffer>(2500);
+  for (uint64_t i = 0; i < 400; i++) one.Put(block(i), tiny, i, /*from_origin=*/true);
+  EXPECT_NE(one.Peek(block(0), &sum), nullptr);
 }
 
 // The constant-time bookkeeping keeps exactly what the rule says, against a plain model of it
