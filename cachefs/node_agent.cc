@@ -217,6 +217,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
       mo, a->meta_.get(), a->directory_.get(), a->cache_.get(), stats,
       [p = a.get()](const rpc::HeartbeatResponse& hb) {
         p->read_path_->FlushPendingChecksums();
+        p->read_path_->DropIdleRecent();
         p->prefetch_->Update({hb.prefetches().begin(), hb.prefetches().end()});
       });
   if (options.manifest_copy_max_entries > 0) {

@@ -1,8 +1,10 @@
 #include "cachefs/fetch/read_path.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/memory.h"
 
 namespace ember::cachefs {
 namespace {
@@ -338,6 +340,14 @@ std::shared_ptr<const BlockBuffer> ReadPath::RecentBlock(const BlockAddr& addr,
 absl::StatusOr<std::vector<bool>> ReadPath::HeldByPeers(const std::vector<BlockAddr>& addrs) {
   if (peers_ == nullptr) return std::vector<bool>(addrs.size(), false);
   return peers_->Holders(addrs);
+}
+
+void ReadPath::DropIdleRecent() {
+  constexpr auto kIdle = std::chrono::seconds(30);
+  constexpr size_t kWorthReleasing = 16u << 20;
+  if (recent_.DropUnusedSince(std::chrono::steady_clock::now() - kIdle) >= kWorthReleasing) {
+    ReleaseFreeMemory();
+  }
 }
 
 void ReadPath::FlushPendingChecksums() {

@@ -137,6 +137,9 @@ class ReadPath {
   absl::StatusOr<FileSystem::Backing> HoldFile(const FileRef& file, bool verified_only = true);
 
   ReadStats GetStats() const;
+  // Lets go of the recent blocks nobody put or read for 30 s (a prefetch's, once it is over),
+  // and gives their memory back to the system. The agent calls it with each heartbeat.
+  void DropIdleRecent();
   // Retries the checksum claims that waited while meta was unreachable (the agent calls it);
   // blocks that turn out to conflict are dropped from the cache.
   void FlushPendingChecksums();

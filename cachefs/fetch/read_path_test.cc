@@ -363,6 +363,31 @@ TEST(RecentBlocksTest, SmallBlocksAreKeptByMemoryNotByCount) {
   EXPECT_NE(one.Peek(block(0), &sum), nullptr);
 }
 
+// Blocks nobody put or read since a moment are dropped on request (the agent asks with each
+// heartbeat, for 30 s): a finished prefetch's blocks do not hold memory until other fills push
+// them out. A block read since stays, and the bookkeeping stays whole for what follows.
+TEST(RecentBlocksTest, BlocksUnusedSinceAMomentCanBeDropped) {
+  RecentBlocks recent(2);
+  auto block = [](uint64_t i) { return BlockAddr{1, 1, 8, i}; };
+  auto small = std::make_shared<const BlockBuffer>(5000);
+  for (uint64_t i = 0; i < 3; i++) recent.Put(block(i), small, i, /*from_origin=*/i != 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const auto moment = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_NE(recent.Get(block(1)), nullptr);
+  EXPECT_EQ(recent.DropUnusedSince(moment), 2 * 5000u);
+  uint64_t sum = 0;
+  EXPECT_EQ(recent.Peek(block(0), &sum), nullptr);
+  EXPECT_EQ(recent.Peek(block(2), &sum), nullptr);
+  EXPECT_NE(recent.Peek(block(1), &sum), nullptr);
+  EXPECT_EQ(recent.DropUnusedSince(moment), 0u);
+  recent.Put(block(3), small, 3, /*from_origin=*/false);
+  EXPECT_EQ(recent.DropUnusedSince(std::chrono::steady_clock::now() + std::chrono::seconds(1)),
+            2 * 5000u);
+  EXPECT_EQ(recent.Peek(block(1), &sum), nullptr);
+  EXPECT_EQ(recent.Peek(block(3), &sum), nullptr);
+}
+
 // The constant-time bookkeeping keeps exactly what the rule says, against a plain model of it
 // (a list walked on every eviction) over random puts, gets and erases of mixed sizes.
 TEST(RecentBlocksTest, KeepsWhatThePlainRuleKeeps) {

@@ -40,6 +40,7 @@ void RecentBlocks::Rebalance() {
 void RecentBlocks::MoveToFront(List::iterator it) {
   if (it == boundary_) ++boundary_;
   recent_.splice(recent_.begin(), recent_, it);  // iterators stay valid
+  it->used = std::chrono::steady_clock::now();   // the list stays in order of use
   if (!it->from_origin) peers_.splice(peers_.begin(), peers_, it->in_peers);
   if (!it->newest) {
     it->newest = true;
@@ -81,6 +82,16 @@ void RecentBlocks::Unstored(const BlockAddr& addr) {
   }
 }
 
+size_t RecentBlocks::DropUnusedSince(std::chrono::steady_clock::time_point cutoff) {
+  absl::MutexLock lock(&mu_);
+  size_t dropped = 0;
+  while (!recent_.empty() && recent_.back().used < cutoff) {
+    dropped += recent_.back().data->size();
+    EraseAt(std::prev(recent_.end()));
+  }
+  return dropped;
+}
+
 RecentBlocks::List::iterator RecentBlocks::Victim() {
   if (!peers_.empty() && !peers_.back()->newest) return peers_.back();
   return std::prev(recent_.end());
@@ -93,7 +104,7 @@ void RecentBlocks::Put(const BlockAddr& addr, std::shared_ptr<const BlockBuffer>
   auto old = index_.find(addr);
   if (old != index_.end()) EraseAt(old->second);
   const size_t cost = std::max(data->size(), kMinCost);
-  recent_.push_back({addr, std::move(data), checksum, false, from_origin, false, cost, {}});
+  recent_.push_back({addr, std::move(data), checksum, false, from_origin, false, cost, {}, {}});
   auto it = std::prev(recent_.end());
   if (boundary_ == recent_.end()) boundary_ = it;  // end() moved: the new block is past the quarter
   if (!from_origin) it->in_peers = peers_.insert(peers_.end(), it);

@@ -13,6 +13,7 @@
 // Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <list>
 #include <memory>
@@ -48,6 +49,9 @@ class RecentBlocks {
   void Erase(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
   // The cache did not store the block (policy, full disk).
   void Unstored(const BlockAddr& addr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the blocks last put or read (Get) before `cutoff`: once a prefetch is over, its blocks
+  // need not hold memory until other fills push them out. Returns: the bytes dropped.
+  size_t DropUnusedSince(std::chrono::steady_clock::time_point cutoff) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Recent;
@@ -60,6 +64,7 @@ class RecentBlocks {
     bool from_origin = false;
     bool newest = false;  // in the newest quarter of the budget
     size_t cost = 0;
+    std::chrono::steady_clock::time_point used;    // last Put or Get
     std::list<List::iterator>::iterator in_peers;  // when !from_origin
   };
   struct AddrHash {
