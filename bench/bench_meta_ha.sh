@@ -26,7 +26,13 @@ if [ ! -f "$SMALL/tiny.done" ]; then
 fi
 rm -rf "$WORK"; mkdir -p "$WORK"
 ETCD_PIDS=()
-cleanup() { stop_all; for p in "${ETCD_PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done; }
+META_PID=""
+cleanup() {
+  stop_all
+  for p in $META_PID "${ETCD_PIDS[@]:-}"; do
+    if [ -n "$p" ]; then kill -9 "$p" 2> /dev/null || true; fi
+  done
+}
 trap cleanup EXIT
 ROWS=()
 row() { ROWS+=("$1|$2|$3"); }  # case, value, note
@@ -54,6 +60,7 @@ for i in 1 2 3; do
   worst=$(awk -v a="$worst" -v b="$s" 'BEGIN { print (b > a ? b : a) }')
 done
 kill "$META_PID"; wait "$META_PID" 2>/dev/null || true
+META_PID=""
 row "meta kill -9 -> answering again on its data dir (process start only)" "$best-$worst s" \
   "3 restarts; a rescheduled pod adds its own start and volume attach"
 
@@ -69,7 +76,7 @@ start_member() {  # M
     --listen-peer-urls "http://127.0.0.1$m:2380" --initial-advertise-peer-urls "http://127.0.0.1$m:2380" \
     --initial-cluster "$CLUSTER" --initial-cluster-state "${2:-new}" \
     --heartbeat-interval 100 --election-timeout 1000 >> "$WORK/etcd$m.log" 2>&1 &
-  ETCD_PIDS[$m]=$!
+  ETCD_PIDS[m]=$!
 }
 for m in 1 2 3; do start_member $m; done
 until ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" endpoint health > /dev/null 2>&1; do sleep 0.1; done
@@ -115,7 +122,7 @@ for e in s:
         break'
 }
 times=()
-for k in $(seq "$KILLS"); do
+for _ in $(seq "$KILLS"); do
   l=$(leader "$ENDPOINTS")
   [ -n "$l" ] || { sleep 0.5; continue; }
   survivors=$(echo "$ENDPOINTS" | tr ',' '\n' | grep -v "127.0.0.1$l:" | paste -sd,)
