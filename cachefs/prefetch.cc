@@ -304,28 +304,27 @@ void PrefetchRunner::Run(Running* r) {
     std::shared_ptr<Fill> fill;
   };
   // A pending fill holds its block's bytes: settle by bytes too (large blocks), not only count.
-  auto full = [&](const std::vector<Pending>& pending) {
-    uint64_t bytes = 0;
-    for (const Pending& p : pending) {
-      bytes += refs.at(p.item.block.file_id).BlockLength(p.item.block.index);
-    }
-    return pending.size() >= kUnsettled || bytes >= kUnsettledBytes;
+  struct Unsettled {
+    std::vector<Pending> fills;
+    uint64_t bytes = 0;  // their blocks' bytes
   };
-  auto settle = [&](std::vector<Pending>& pending) {
-    for (Pending& p : pending) {
+  auto settle = [&](Unsettled& pending) {
+    for (Pending& p : pending.fills) {
       if (auto s = read_path_->Settled(p.fill); !s.ok()) p.src = s;
     }
     absl::MutexLock lock(&mu);
-    for (Pending& p : pending) account(p.item, p.src);
-    pending.clear();
+    for (Pending& p : pending.fills) account(p.item, p.src);
+    pending.fills.clear();
+    pending.bytes = 0;
   };
   // What a worker does with a block it started: waits for a fill's write later (with the
   // others in flight), puts a peer-only block no peer gave back to wait, or counts it now.
-  auto started_one = [&](std::vector<Pending>& pending, const Item& item,
-                         absl::StatusOr<ReadPath::Source> src, std::shared_ptr<Fill> fill) {
+  auto started_one = [&](Unsettled& pending, const Item& item, absl::StatusOr<ReadPath::Source> src,
+                         std::shared_ptr<Fill> fill) {
     if (fill != nullptr) {
-      pending.push_back({item, std::move(src), std::move(fill)});
-      if (full(pending)) settle(pending);
+      pending.fills.push_back({item, std::move(src), std::move(fill)});
+      pending.bytes += refs.at(item.block.file_id).BlockLength(item.block.index);
+      if (pending.fills.size() >= kUnsettled || pending.bytes >= kUnsettledBytes) settle(pending);
       return;
     }
     absl::MutexLock lock(&mu);
@@ -336,7 +335,7 @@ void PrefetchRunner::Run(Running* r) {
     }
   };
   auto worker = [&] {
-    std::vector<Pending> pending;
+    Unsettled pending;
     std::vector<Item> batch;
     bool take_own = false;
     while (true) {
@@ -345,7 +344,7 @@ void PrefetchRunner::Run(Running* r) {
       {
         absl::MutexLock lock(&mu);
         // Nothing to fetch: settle what is in flight here (it counts in `left`), else wait.
-        while (!r->cancel && left > 0 && own.empty() && located.empty() && pending.empty()) {
+        while (!r->cancel && left > 0 && own.empty() && located.empty() && pending.fills.empty()) {
           cv.WaitWithTimeout(&mu, absl::Milliseconds(100));
         }
         if (r->cancel || left == 0) return;
