@@ -66,6 +66,7 @@ absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, FsNode>> DatasetFs:
 absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name) {
   if (parent == kRootIno) {
     auto view = ns_->ViewByName(name);
+    if (absl::IsNotFound(view.status())) return AbsentEntry(std::string(view.status().message()));
     if (!view.ok()) return view.status();
     auto root = (*view)->Get(1);
     return Entry{AttrOf(**view, 1, *root), kRootTimeout};
@@ -78,7 +79,7 @@ absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name
   auto it = std::lower_bound(dir.children.begin(), dir.children.end(), name,
                              [&](uint32_t id, const std::string& n) { return view->Name(id) < n; });
   if (it == dir.children.end() || view->Name(*it) != name) {
-    return absl::NotFoundError(absl::StrCat("no entry '", name, "'"));
+    return AbsentEntry(absl::StrCat("no entry '", name, "'"));
   }
   return Entry{AttrOf(*view, *it, *view->Get(*it)), kImmutableTimeout};
 }

@@ -343,6 +343,7 @@ void MountTest::MmapChecks(NodeProcess& n) {
       [&] { EXPECT_TRUE(ReadUncached(node->mount() + "/ds/a/b/c/img-7.jpg") == want); });
   EXPECT_TRUE(mapped(node->mount() + "/ds/a/b/c/img-7.jpg", MAP_SHARED) == want);
   reader.join();
+  if (HasFailure()) ADD_FAILURE() << "the node's log: " << node->Log();
 }
 
 TEST_F(MountTest, OriginVanishedOrChangedGivesEioNotWrongBytes) {

@@ -198,6 +198,18 @@ TEST_F(OperateTest, NoOpenMountReadsFilesWithoutOpenRequests) {
   errno = 0;
   EXPECT_EQ(open((root + "/d/s0.bin").c_str(), O_WRONLY), -1);
   EXPECT_EQ(errno, EROFS);
+  // A name absent from a dataset's directory is asked once and kept as a negative entry; one
+  // absent from the mount's root is asked every time (a dataset may be added under that name).
+  const double lookups = ops("lookup");
+  struct stat st;
+  for (int i = 0; i < 3; i++) {
+    EXPECT_NE(stat((root + "/d/missing").c_str(), &st), 0);
+    EXPECT_EQ(errno, ENOENT);
+    EXPECT_NE(stat((n.mount() + "/missing").c_str(), &st), 0);
+    EXPECT_EQ(errno, ENOENT);
+  }
+  testing::WaitFor([&] { return ops("lookup") >= lookups + 4; }, std::chrono::seconds(2));
+  EXPECT_EQ(ops("lookup"), lookups + 4);
   ASSERT_TRUE(n.Stop()) << n.Log();
 }
 

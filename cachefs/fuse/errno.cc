@@ -3,17 +3,38 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/cord.h"
 
 namespace ember::cachefs {
 namespace {
 constexpr char kErrnoPayload[] = "ember.errno";
+constexpr char kAbsentPayload[] = "ember.absent";
 }
 
 absl::Status ErrnoStatus(int err, const std::string& message) {
   absl::Status s(absl::StatusCode::kUnknown, message);
   s.SetPayload(kErrnoPayload, absl::Cord(std::to_string(err)));
   return s;
+}
+
+absl::Status AbsentEntry(const std::string& message) {
+  absl::Status s = absl::NotFoundError(message);
+  s.SetPayload(kAbsentPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsAbsentEntry(const absl::Status& status) {
+  return absl::IsNotFound(status) && status.GetPayload(kAbsentPayload).has_value();
+}
+
+int LookupErrno(std::string_view name, const absl::Status& status) {
+  if (absl::IsNotFound(status) && !IsAbsentEntry(status)) {
+    spdlog::warn("fuse: lookup of '{}' found no entry without reading its directory: {}", name,
+                 std::string(status.message()));
+  }
+  return ToErrno(status);
 }
 
 int ToErrno(const absl::Status& status) {

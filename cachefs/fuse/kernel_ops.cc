@@ -42,14 +42,13 @@ void OpLookup(const Request& r) {
     FillEntry(*e, &out);
     return ReplyStruct(r.ch, r.unique(), out);
   }
-  int err = ToErrno(e.status());
-  if (err == ENOENT && r.h.nodeid != kRootIno) {
-    // Negative entries are cacheable below the root: manifests never change.
+  if (IsAbsentEntry(e.status()) && r.h.nodeid != kRootIno) {
+    // A name certainly absent from an immutable directory: a negative entry the kernel keeps.
     std::memset(&out, 0, sizeof(out));
-    out.entry_valid = 3600;
+    out.entry_valid = kAbsentEntryTimeoutS;
     return ReplyStruct(r.ch, r.unique(), out);
   }
-  ReplyError(r.ch, r.unique(), err);
+  ReplyError(r.ch, r.unique(), LookupErrno(name, e.status()));
 }
 
 void OpGetattr(const Request& r) {

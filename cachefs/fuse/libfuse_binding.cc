@@ -77,16 +77,15 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   EMBER_FUSE_OP("lookup");
   auto e = Fs(req)->Lookup(parent, name);
   if (!e.ok()) {
-    int err = ToErrno(e.status());
-    if (err == ENOENT) {
-      // Negative entries are cacheable below the root: manifests never change.
+    if (IsAbsentEntry(e.status()) && parent != kRootIno) {
+      // A name certainly absent from an immutable directory: a negative entry the kernel keeps.
       fuse_entry_param p;
       std::memset(&p, 0, sizeof(p));
-      p.entry_timeout = parent == kRootIno ? 0 : 3600;
+      p.entry_timeout = kAbsentEntryTimeoutS;
       fuse_reply_entry(req, &p);
       return;
     }
-    fuse_reply_err(req, err);
+    fuse_reply_err(req, LookupErrno(name, e.status()));
     return;
   }
   fuse_entry_param p;
