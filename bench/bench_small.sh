@@ -4,7 +4,8 @@
 # test. Part of `make bench` (bench.sh). SETS (default "imagenet tiny") picks the datasets
 # (bench/gen_small.py, made once under $EMBER_BENCH_DIR/small): imagenet = 50,000 files of
 # ~110 KB in 1,000 folders; tiny = 200,000 files of 1-4 KB. NODE_ARGS go to every `ember node`
-# (default --fuse-no-open, as a node serving small-file datasets is set up; NODE_ARGS= for none).
+# (default --fuse-no-open --readdirplus, as a node serving small-file datasets is set up;
+# NODE_ARGS= for none).
 # Writes a markdown table to stdout and one JSON object per figure to $BUILD/bench/small.json.
 #
 # Per dataset, one run:
@@ -23,7 +24,7 @@
 #             through its mount (4 readers; blocks come from the origin on disk), against the
 #             tree read cold.
 set -euo pipefail
-export NODE_ARGS=${NODE_ARGS---fuse-no-open}
+export NODE_ARGS=${NODE_ARGS---fuse-no-open --readdirplus}
 . "$(dirname "$0")/common.sh"
 bench_init bench_small small "${1:-}"
 SETS=${SETS:-imagenet tiny}

@@ -253,6 +253,21 @@ TEST(PosixOriginTest, ReadsAndRefusesChangedMissingOrEscapingFiles) {
   OriginFile via_link = file;
   via_link.path = "link";
   EXPECT_EQ(posix->Read(via_link, 0, 1, buf.data()).code(), absl::StatusCode::kFailedPrecondition);
+  // An origin reached through a symlink of its own (a mount's path) reads; a directory below it
+  // swapped for a symlink to elsewhere (with the same file there) is not followed.
+  std::filesystem::create_directory_symlink(d.Sub("o"), d.Sub("o-link"));
+  OriginFile via_root_link = file;
+  via_root_link.root = d.Sub("o-link");
+  buf.assign(10, '\0');
+  ASSERT_TRUE(posix->Read(via_root_link, 990, 10, buf.data()).ok());
+  EXPECT_EQ(buf, std::string(10, 'x'));
+  const std::string dir = file.path.substr(0, file.path.find('/'));
+  std::filesystem::rename(d.Sub("o/" + dir), d.Sub("elsewhere"));
+  std::filesystem::create_directory_symlink(d.Sub("elsewhere"), d.Sub("o/" + dir));
+  for (const OriginFile& f : {file, via_root_link}) {
+    EXPECT_EQ(posix->Read(f, 990, 10, buf.data()).code(), absl::StatusCode::kFailedPrecondition)
+        << f.root;
+  }
 }
 
 // An origin is a path: a root replaced by another directory (renamed over it) is read from the

@@ -33,23 +33,30 @@ bool HasDotDot(const std::string& path) {
 }
 
 // Opens root/rel for reading without following any symlink below root and without leaving it
-// (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): a directory swapped for a symlink after the
-// scan cannot make a fill read bytes from outside the origin. Kernels without openat2 (< 5.6)
-// fall back to O_NOFOLLOW on the last component. Returns an fd or -1 with errno.
-// The root is opened for each read, not kept open: an origin is a path, and one moved away or
-// replaced must not go on being read through a directory fd that followed it.
+// (`rel` has no ".." components: the caller refuses those): a directory swapped for a symlink
+// after the scan cannot make a fill read bytes from outside the origin. One openat2 of the whole
+// path with RESOLVE_NO_SYMLINKS (a small file's read is a handful of syscalls; this is one of
+// them); when that meets a symlink, which may be in the root's own path (allowed), the root is
+// opened and rel resolved beneath it (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS). Kernels without
+// openat2 (< 5.6) fall back to O_NOFOLLOW on the last component. The path is resolved for each
+// read, no directory fd is kept: an origin is a path, and one moved away or replaced must not
+// go on being read through a directory fd that followed it. Returns an fd or -1 with errno.
 int OpenBeneath(const std::string& root, const std::string& rel) {
   static std::atomic<bool> have_openat2{true};
   if (have_openat2.load(std::memory_order_relaxed)) {
-    int dir = open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0) return -1;
     struct open_how how {};
     how.flags = O_RDONLY | O_CLOEXEC;
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-    int fd = static_cast<int>(syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof(how)));
-    int err = errno;
-    close(dir);
-    if (fd >= 0 || err != ENOSYS) {
+    how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    const std::string full = absl::StrCat(root, "/", rel);
+    int fd = static_cast<int>(syscall(SYS_openat2, AT_FDCWD, full.c_str(), &how, sizeof(how)));
+    if (fd >= 0 || (errno != ELOOP && errno != ENOSYS)) return fd;
+    if (errno == ELOOP) {
+      int dir = open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (dir < 0) return -1;
+      how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+      fd = static_cast<int>(syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof(how)));
+      int err = errno;
+      close(dir);
       errno = err;
       return fd;
     }

@@ -16,10 +16,12 @@ constexpr uint64_t kMaxQueuedWriteBytes = 64ull << 20;
 // A writer that finds fewer small blocks queued than a batch waits up to kLinger (from the
 // oldest's arrival) for more: a first epoch of small files fills one block per reader at a time,
 // and each batch costs a meta call for its claims (most of the agent's CPU per fill when batches
-// were of 1-4 blocks). The readers have their bytes already; only the cache commit waits.
+// were of 1-4 blocks; 50 ms rather than 10 ms: a cold tiny-file epoch made ~21-block batches,
+// 9,500 checksum calls and 2,900 location reports for 200,000 files, and 5x fewer of each with
+// 50 ms). The readers have their bytes already; only the cache commit waits.
 constexpr size_t kBatch = 256;
 constexpr uint64_t kLingerBelowBytes = 4ull << 20;
-constexpr auto kLinger = std::chrono::milliseconds(10);
+constexpr auto kLinger = std::chrono::milliseconds(50);
 }  // namespace
 
 WriteBehind::WriteBehind(BlockCache* cache, ChecksumBook* checksums, RecentBlocks* recent,
