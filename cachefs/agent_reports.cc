@@ -29,6 +29,14 @@ void MetaReporter::Stop() {
   cv_.SignalAll();
 }
 
+void MetaReporter::ReportNow() {
+  absl::MutexLock send_lock(&send_mu_);
+  if (!registered_) return;
+  bool sent = false;
+  // An error is the loop's to see (it re-registers with a full report).
+  if (!SendChanges(&sent).ok()) registered_ = false;
+}
+
 absl::Status MetaReporter::Register() {
   auto r = meta_->RegisterNode(options_.node);
   if (!r.ok()) return r.status();
@@ -72,10 +80,14 @@ void MetaReporter::Loop() {
     }
     absl::Status st = absl::OkStatus();
     if (!registered_) {
+      absl::MutexLock send_lock(&send_mu_);
       st = Register();
       registered_ = st.ok();
     } else {
-      st = SendChanges(&sent);
+      {
+        absl::MutexLock send_lock(&send_mu_);
+        st = SendChanges(&sent);
+      }
       if (st.ok() && std::chrono::steady_clock::now() - last_heartbeat >= heartbeat_interval_) {
         auto hb = meta_->Heartbeat(options_.node.id(), stats_());
         if (hb.ok()) {

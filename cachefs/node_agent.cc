@@ -184,7 +184,8 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get());
   a->prefetch_ = std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
                                                   a->read_path_.get(), a->cache_.get(),
-                                                  a->meta_.get(), options.prefetch_owner_grace);
+                                                  a->meta_.get(), options.prefetch_owner_grace,
+                                                  [p = a.get()] { p->ReportLocationsNow(); });
   if (options.fuse_binding == "libfuse") {
     auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
     if (!mount.ok()) return mount.status();
@@ -237,7 +238,11 @@ NodeAgent::~NodeAgent() {
   Stop();
   if (!stop_copies_.HasBeenNotified()) stop_copies_.Notify();
   if (copier_.joinable()) copier_.join();  // it uses the namespace
-  reporter_.reset();                       // joins its thread
+  {
+    absl::MutexLock lock(&reporter_mu_);
+    reporter_live_ = false;  // a prefetch finishing now skips its early report
+  }
+  reporter_.reset();  // joins its thread
   metrics_.reset();                        // its callbacks point at this agent
   scrubber_.reset();                       // quarantines feed the repairer
   if (repairer_) repairer_->Stop();        // it fills through the read path
@@ -265,6 +270,11 @@ NodeAgent::~NodeAgent() {
 bool NodeAgent::HandedOver() { return handover_ != nullptr && handover_->Requested(); }
 
 void NodeAgent::Run() { mount_->Run(); }
+
+void NodeAgent::ReportLocationsNow() {
+  absl::MutexLock lock(&reporter_mu_);
+  if (reporter_live_ && reporter_ != nullptr) reporter_->ReportNow();
+}
 
 void NodeAgent::Stop() {
   if (stopping_.exchange(true)) return;

@@ -118,6 +118,8 @@ class NodeAgent {
   std::atomic<bool> stopping_{false};
   // Copies manifests to disk ahead of use (at start, then every manifest_copy_interval).
   void CopyManifests();
+  // Sends meta the blocks stored since the last report, now (a prefetch that finished here).
+  void ReportLocationsNow() ABSL_LOCKS_EXCLUDED(reporter_mu_);
   absl::Notification stop_copies_;
   std::thread copier_;
   // In the order they are built; torn down in reverse (see ~NodeAgent).
@@ -144,6 +146,9 @@ class NodeAgent {
   std::unique_ptr<Handover> handover_;
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<MetaReporter> reporter_;
+  // A prefetch's early location report (ReportLocationsNow) against the reporter's end.
+  absl::Mutex reporter_mu_;
+  bool reporter_live_ ABSL_GUARDED_BY(reporter_mu_) = true;
 };
 
 }  // namespace ember::cachefs

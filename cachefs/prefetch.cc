@@ -64,9 +64,11 @@ void RateLimiter::Acquire(uint64_t bytes) {
 
 PrefetchRunner::PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path,
                                BlockCache* cache, meta::MetaClient* meta,
-                               std::chrono::milliseconds owner_grace)
+                               std::chrono::milliseconds owner_grace,
+                               std::function<void()> report_locations)
     : node_id_(node_id),
       owner_grace_(owner_grace),
+      report_locations_(std::move(report_locations)),
       ns_(ns),
       read_path_(read_path),
       cache_(cache),
@@ -462,6 +464,9 @@ void PrefetchRunner::Run(Running* r) {
   }
   r->pinned_until = pin_until;
   r->finished = true;
+  // Meta learns where the blocks are before it hears this node finished: `ember prefetch`
+  // returning means `ember locality` counts them.
+  if (report_locations_) report_locations_();
   for (int attempt = 0; attempt < 20; attempt++) {
     if (meta_->ReportPrefetch(job.id(), progress).ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));

@@ -53,7 +53,8 @@ class PrefetchRunner {
   // itself.
   PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path, BlockCache* cache,
                  meta::MetaClient* meta,
-                 std::chrono::milliseconds owner_grace = kDefaultOwnerGrace);
+                 std::chrono::milliseconds owner_grace = kDefaultOwnerGrace,
+                 std::function<void()> report_locations = {});
   // Ends the watch (cancelling meta's watches: the client must not watch for others) and the
   // jobs.
   ~PrefetchRunner();
@@ -88,6 +89,7 @@ class PrefetchRunner {
 
   std::string node_id_;
   const std::chrono::milliseconds owner_grace_;
+  const std::function<void()> report_locations_;  // may be empty
   Namespace* ns_;
   ReadPath* read_path_;
   BlockCache* cache_;
