@@ -182,10 +182,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->cache_->SetQuarantineListener(
       [r = a->repairer_.get()](const BlockAddr& addr) { r->Enqueue(addr); });
   a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get());
-  a->prefetch_ = std::make_unique<PrefetchRunner>(a->options_.node_id, a->namespace_.get(),
-                                                  a->read_path_.get(), a->cache_.get(),
-                                                  a->meta_.get(), options.prefetch_owner_grace,
-                                                  [p = a.get()] { p->ReportLocationsNow(); });
+  a->prefetch_ = std::make_unique<PrefetchRunner>(
+      a->options_.node_id, a->namespace_.get(), a->read_path_.get(), a->cache_.get(),
+      a->meta_.get(), options.prefetch_owner_grace, [p = a.get()] { p->ReportLocationsNow(); });
   if (options.fuse_binding == "libfuse") {
     auto mount = FuseMount::Mount(a->fs_.get(), options.mountpoint, options.mount);
     if (!mount.ok()) return mount.status();
@@ -242,11 +241,11 @@ NodeAgent::~NodeAgent() {
     absl::MutexLock lock(&reporter_mu_);
     reporter_live_ = false;  // a prefetch finishing now skips its early report
   }
-  reporter_.reset();  // joins its thread
-  metrics_.reset();                        // its callbacks point at this agent
-  scrubber_.reset();                       // quarantines feed the repairer
-  if (repairer_) repairer_->Stop();        // it fills through the read path
-  prefetch_.reset();                       // its workers use the read path
+  reporter_.reset();                 // joins its thread
+  metrics_.reset();                  // its callbacks point at this agent
+  scrubber_.reset();                 // quarantines feed the repairer
+  if (repairer_) repairer_->Stop();  // it fills through the read path
+  prefetch_.reset();                 // its workers use the read path
   if (handover_) handover_->StopListening();
   mount_.reset();  // unmount (unless handed over) before the filesystem it serves goes away
   if (handover_ && handover_->Requested()) {

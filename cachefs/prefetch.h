@@ -52,8 +52,7 @@ class PrefetchRunner {
   // block to deliver anything (it is alive while blocks keep coming) before reading the origin
   // itself.
   PrefetchRunner(const std::string& node_id, Namespace* ns, ReadPath* read_path, BlockCache* cache,
-                 meta::MetaClient* meta,
-                 std::chrono::milliseconds owner_grace = kDefaultOwnerGrace,
+                 meta::MetaClient* meta, std::chrono::milliseconds owner_grace = kDefaultOwnerGrace,
                  std::function<void()> report_locations = {});
   // Ends the watch (cancelling meta's watches: the client must not watch for others) and the
   // jobs.

@@ -1,9 +1,9 @@
 #include "cachefs/fuse/errno.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cerrno>
 #include <cstdlib>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/cord.h"
 
@@ -11,7 +11,7 @@ namespace ember::cachefs {
 namespace {
 constexpr char kErrnoPayload[] = "ember.errno";
 constexpr char kAbsentPayload[] = "ember.absent";
-}
+}  // namespace
 
 absl::Status ErrnoStatus(int err, const std::string& message) {
   absl::Status s(absl::StatusCode::kUnknown, message);
