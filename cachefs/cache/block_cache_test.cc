@@ -359,19 +359,24 @@ TEST(BlockCacheTest, PagesThatLeftMemoryAreCheckedAgain) {
   ASSERT_TRUE(cache->ReadVerified(*h, 8192, 4096, out.data()).ok());
   EXPECT_EQ(cache->GetStats().verifications, 1u);
   // Evict the file's (clean) pages from the page cache. Pages still under the first read's
-  // asynchronous readahead are locked and stay: ask again until the page read next is gone.
+  // asynchronous readahead are locked and stay: ask again until the page read next is gone. That
+  // readahead can also bring the page back after it was seen gone (a few runs in a hundred):
+  // then the read finds it in memory, rightly unchecked, and the eviction is tried again.
   int fd = open((dir.path() + "/blocks/1/1/4").c_str(), O_RDONLY);
   ASSERT_EQ(fsync(fd), 0);  // clean pages can be dropped
-  bool dropped = false;
-  for (int i = 0; i < 200 && !dropped; i++) {
-    ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    dropped = !PagesCached(fd, 8192, 4096);
-    if (!dropped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int round = 0; round < 20 && cache->GetStats().verifications < 2; round++) {
+    bool dropped = false;
+    for (int i = 0; i < 200 && !dropped; i++) {
+      ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+      dropped = !PagesCached(fd, 8192, 4096);
+      if (!dropped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(dropped) << "the page cache kept the block's pages";
+    out.assign(4096, '\0');
+    ASSERT_TRUE(cache->ReadVerified(*h, 8192, 4096, out.data()).ok());
+    EXPECT_EQ(out, data.substr(8192, 4096));
   }
   close(fd);
-  ASSERT_TRUE(dropped) << "the page cache kept the block's pages";
-  ASSERT_TRUE(cache->ReadVerified(*h, 8192, 4096, out.data()).ok());
-  EXPECT_EQ(out, data.substr(8192, 4096));
   EXPECT_EQ(cache->GetStats().verifications, 2u);
 }
 
