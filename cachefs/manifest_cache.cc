@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
@@ -191,9 +190,29 @@ absl::Status ManifestCache::WriteAtomically(const std::string& name, const std::
 absl::StatusOr<std::string> ManifestCache::Read(const std::string& name) {
   if (dir_.empty()) return absl::NotFoundError("no manifest cache");
   std::string path = absl::StrCat(dir_, "/", name);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": no copy"));
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // One read of the whole file (a 1M-entry manifest is ~60 MB; a stream iterator took a
+  // noticeable part of a prefetch's start going byte by byte).
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no copy"));
+    return absl::UnavailableError(absl::StrCat(path, ": ", strerror(errno)));
+  }
+  struct stat st;
+  std::string bytes;
+  int err = fstat(fd, &st) == 0 ? 0 : errno;
+  if (err == 0) bytes.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (err == 0 && done < bytes.size()) {
+    ssize_t n = pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (err != 0) return absl::UnavailableError(absl::StrCat(path, ": ", strerror(err)));
+  bytes.resize(done);  // a file cut short fails its seal's check
+  return bytes;
 }
 
 std::string ManifestCache::ManifestName(uint32_t dataset_id, uint32_t version) {
