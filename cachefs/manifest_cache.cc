@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "common/ids.h"
 #include "common/status.h"
 
@@ -199,19 +200,18 @@ absl::StatusOr<std::string> ManifestCache::Read(const std::string& name) {
   }
   struct stat st;
   std::string bytes;
-  int err = fstat(fd, &st) == 0 ? 0 : errno;
-  if (err == 0) bytes.resize(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (err == 0 && done < bytes.size()) {
-    ssize_t n = pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) err = errno;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
+  errno = 0;  // PreadFull meeting the end early leaves it as it was
+  bool read = fstat(fd, &st) == 0;
+  if (read) {
+    bytes.resize(static_cast<size_t>(st.st_size));
+    read = PreadFull(fd, 0, bytes.size(), bytes.data());
   }
+  const int err = errno;
   close(fd);
-  if (err != 0) return absl::UnavailableError(absl::StrCat(path, ": ", strerror(err)));
-  bytes.resize(done);  // a file cut short fails its seal's check
+  if (!read) {
+    return absl::UnavailableError(
+        absl::StrCat(path, ": cannot read: ", err != 0 ? strerror(err) : "shorter than it was"));
+  }
   return bytes;
 }
 
