@@ -4,8 +4,12 @@
 
 #include <cstdlib>
 #include <set>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/secret.h"
@@ -21,8 +25,9 @@ std::string ResolveMetaAddress(const std::string& flag_value) {
 
 class MetaClient::Impl {
  public:
-  Impl(const std::string& address, const MetaCredentials& creds, std::chrono::milliseconds timeout)
-      : address(address), timeout(timeout) {
+  Impl(const std::string& addresses, const MetaCredentials& creds,
+       std::chrono::milliseconds timeout)
+      : address(addresses), timeout(timeout) {
     if (!creds.token.empty()) bearer = absl::StrCat(kBearerPrefix, creds.token);
     std::shared_ptr<grpc::ChannelCredentials> channel_creds = grpc::InsecureChannelCredentials();
     if (!creds.tls_ca_file.empty()) {
@@ -41,8 +46,13 @@ class MetaClient::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel = grpc::CreateCustomChannel(address, channel_creds, args);
-    stub = rpc::Meta::NewStub(channel);
+    // Several addresses: meta replicas (member.h), one of which leads.
+    for (absl::string_view a : absl::StrSplit(addresses, ',', absl::SkipWhitespace())) {
+      std::string addr(absl::StripAsciiWhitespace(a));
+      auto channel = grpc::CreateCustomChannel(addr, channel_creds, args);
+      endpoints.push_back({addr, rpc::Meta::NewStub(channel)});
+    }
+    if (endpoints.empty()) init_error = absl::InvalidArgumentError("no meta address given");
   }
 
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds t) const {
@@ -50,21 +60,55 @@ class MetaClient::Impl {
     if (!bearer.empty()) ctx->AddMetadata(kAuthMetadataKey, bearer);
   }
 
-  absl::Status Convert(const grpc::Status& s) const {
+  absl::Status Convert(const grpc::Status& s, const std::string& at) const {
     if (s.ok()) return absl::OkStatus();
     auto code = static_cast<absl::StatusCode>(s.error_code());
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return absl::UnavailableError(
-          absl::StrCat("meta unreachable at ", address, ": ", s.error_message()));
+          absl::StrCat("meta unreachable at ", at, ": ", s.error_message()));
     }
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      return absl::UnauthenticatedError(absl::StrCat("meta at ", address, ": ", s.error_message()));
+      return absl::UnauthenticatedError(absl::StrCat("meta at ", at, ": ", s.error_message()));
     }
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("meta at ", address, " did not answer in time"));
+      return absl::DeadlineExceededError(absl::StrCat("meta at ", at, " did not answer in time"));
     }
     return absl::Status(code, s.error_message());
+  }
+
+  struct Endpoint {
+    std::string address;
+    std::unique_ptr<rpc::Meta::Stub> stub;
+  };
+  size_t Current() {
+    absl::MutexLock lock(&current_mu);
+    return current;
+  }
+  // After a failed call at endpoint `at`: whether to try again, and where. A replica that is
+  // not the leader names it (follow it); an unreachable one makes way for the next address.
+  // Waits a little once every address has been tried (an election takes a few seconds).
+  bool Retry(const grpc::Status& s, size_t at, int* attempts,
+             std::chrono::steady_clock::time_point deadline) {
+    const bool not_leader = s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+                            absl::StartsWith(s.error_message(), "not the leader");
+    const bool unreachable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!not_leader && !(unreachable && endpoints.size() > 1)) return false;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    size_t next = (at + 1) % endpoints.size();
+    if (auto pos = s.error_message().find("leader is "); not_leader && pos != std::string::npos) {
+      const std::string named = s.error_message().substr(pos + 10);
+      for (size_t i = 0; i < endpoints.size(); i++) {
+        if (endpoints[i].address == named) next = i;
+      }
+    }
+    {
+      absl::MutexLock lock(&current_mu);
+      if (current == at) current = next;
+    }
+    if (++*attempts % static_cast<int>(endpoints.size() + 1) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return true;
   }
 
   template <typename Req, typename Resp, typename Fn>
@@ -78,45 +122,60 @@ class MetaClient::Impl {
         "ember_meta_client_errors_total", "Calls to meta that failed, by request type.",
         {{"request", Req::descriptor()->name()}});
     metrics::Timer timer(latency);
-    grpc::ClientContext ctx;
-    Prepare(&ctx, timeout);
-    Resp resp;
-    grpc::Status s = (stub.get()->*fn)(&ctx, req, &resp);
-    if (!s.ok()) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int attempts = 0;
+    for (;;) {
+      const size_t at = Current();
+      grpc::ClientContext ctx;
+      Prepare(&ctx, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 deadline - std::chrono::steady_clock::now()),
+                             std::chrono::milliseconds(1)));
+      Resp resp;
+      grpc::Status s = (endpoints[at].stub.get()->*fn)(&ctx, req, &resp);
+      if (s.ok()) return resp;
+      if (Retry(s, at, &attempts, deadline)) continue;
       errors->Inc();
-      return Convert(s);
+      return Convert(s, endpoints[at].address);
     }
-    return resp;
   }
 
   template <typename Req, typename Fn>
   absl::StatusOr<rpc::DatasetProgress> Scan(const Req& req, Fn fn, const ProgressFn& progress) {
     if (!init_error.ok()) return init_error;
-    grpc::ClientContext ctx;
-    // Scans are long; only give up if meta goes silent for good (a day).
-    Prepare(&ctx, std::chrono::hours(24));
-    auto reader = (stub.get()->*fn)(&ctx, req);
-    rpc::DatasetProgress p, last;
-    bool done = false;
-    while (reader->Read(&p)) {
-      if (progress) progress(p);
-      if (p.done()) {
-        last = p;
-        done = true;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int attempts = 0;
+    for (;;) {
+      const size_t at = Current();
+      grpc::ClientContext ctx;
+      // Scans are long; only give up if meta goes silent for good (a day).
+      Prepare(&ctx, std::chrono::hours(24));
+      auto reader = (endpoints[at].stub.get()->*fn)(&ctx, req);
+      rpc::DatasetProgress p, last;
+      bool done = false, any = false;
+      while (reader->Read(&p)) {
+        any = true;
+        if (progress) progress(p);
+        if (p.done()) {
+          last = p;
+          done = true;
+        }
       }
+      grpc::Status s = reader->Finish();
+      // Only a scan that never started goes elsewhere (one that did may have written).
+      if (!s.ok() && !any && Retry(s, at, &attempts, deadline)) continue;
+      if (!s.ok()) return Convert(s, endpoints[at].address);
+      if (!done) return absl::InternalError("meta ended the scan without a result");
+      return last;
     }
-    grpc::Status s = reader->Finish();
-    if (!s.ok()) return Convert(s);
-    if (!done) return absl::InternalError("meta ended the scan without a result");
-    return last;
   }
 
   std::string address;
   std::chrono::milliseconds timeout;
   std::string bearer;
   absl::Status init_error;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<rpc::Meta::Stub> stub;
+  std::vector<Endpoint> endpoints;
+  absl::Mutex current_mu;
+  size_t current ABSL_GUARDED_BY(current_mu) = 0;
   // Watches in flight, so CancelWatches can end them.
   absl::Mutex watch_mu;
   std::set<grpc::ClientContext*> watches ABSL_GUARDED_BY(watch_mu);
@@ -306,12 +365,18 @@ absl::StatusOr<rpc::WatchPrefetchesResponse> MetaClient::WatchPrefetches(
     impl_->watches.insert(&ctx);
   }
   rpc::WatchPrefetchesResponse resp;
-  grpc::Status s = impl_->stub->WatchPrefetches(&ctx, req, &resp);
+  const size_t at = impl_->Current();
+  grpc::Status s = impl_->endpoints[at].stub->WatchPrefetches(&ctx, req, &resp);
   {
     absl::MutexLock lock(&impl_->watch_mu);
     impl_->watches.erase(&ctx);
   }
-  if (!s.ok()) return impl_->Convert(s);
+  if (!s.ok()) {
+    // The caller polls again: let that poll go where the leader is.
+    int attempts = 0;
+    impl_->Retry(s, at, &attempts, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    return impl_->Convert(s, impl_->endpoints[at].address);
+  }
   return resp;
 }
 

@@ -19,6 +19,7 @@
 #include "meta/meta_service.h"
 #include "meta/node_registry.h"
 #include "meta/prefetch_jobs.h"
+#include "meta/replication.h"
 #include "meta/status_surface.h"
 #include "meta/store.h"
 
@@ -26,6 +27,8 @@ namespace ember::meta {
 
 // The units, in construction order (each may use the ones before it), and what serves them.
 struct MetaServer::Parts {
+  std::unique_ptr<Replicator> replicator;  // replicas' leader only; outlives the store
+  std::unique_ptr<ReplicaService> replica;
   std::unique_ptr<MetaStore> store;
   std::unique_ptr<DatasetCatalog> catalog;
   std::unique_ptr<ChecksumLedger> checksums;
@@ -81,6 +84,18 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   Parts& p = *server->parts_;
   ASSIGN_OR_RETURN(p.store, MetaStore::Open(options.data_dir + "/meta.rocksdb",
                                             MetaStore::Options{options.reserve_bytes}));
+  if (options.leading.etcd != nullptr) {
+    Replicator::Options ro;
+    ro.self_id = options.replica_id;
+    ro.keys.prefix = options.etcd_prefix;
+    ro.term = options.leading.term;
+    ro.token = options.token;
+    ro.seed = options.leading.applied;
+    p.replicator = std::make_unique<Replicator>(options.leading.etcd, ro, p.store->position(),
+                                                options.leading.lost);
+    p.store->Lead(options.leading.term, p.replicator.get());
+    p.replica = std::make_unique<ReplicaService>(p.store.get(), options.token);
+  }
   p.catalog = std::make_unique<DatasetCatalog>(p.store.get());
   p.checksums = std::make_unique<ChecksumLedger>(p.store.get());
   p.nodes = std::make_unique<NodeRegistry>(p.store.get(), options.lease);
@@ -117,6 +132,7 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, creds, &p.port);
   builder.RegisterService(p.service.get());
+  if (p.replica) builder.RegisterService(p.replica.get());
   builder.SetMaxReceiveMessageSize(16 << 20);
   // Keep up to 16 idle request threads: gRPC's default (2) ended the threads of every burst of
   // node calls and started new ones for the next (clone, stacks, thread caches: ~6% of meta's

@@ -14,6 +14,9 @@
 //   JobService     (job_service.h)     training jobs, queue, placement (pure logic: scheduler.h)
 //   StatusSurface  (status_surface.h)  HTTP: status page and API, extender, /metrics
 //   MetaService    (meta_service.h)    gRPC: translates, checks the token; no state
+// Replicas (docs/meta-ha.md): MetaMember (member.h) runs one of several `ember meta
+// --replica-id` processes: a standby applies the leader's write stream (replication.h) and
+// becomes a MetaServer when etcd (etcd_client.h) elects it.
 // The rule that keeps them apart: a unit never calls another unit while holding its own mutex
 // (it asks others first, then locks). So no two units' locks ever nest, and a slow scan in one
 // (a manifest, a store write) never stalls Locate or Heartbeat in another.
@@ -24,13 +27,17 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "meta/meta.pb.h"
 
 namespace ember::meta {
+
+class EtcdClient;
 
 struct MetaOptions {
   std::string listen = "127.0.0.1:7370";  // host:port; port 0 picks a free one
@@ -50,6 +57,21 @@ struct MetaOptions {
   // Writes are refused (ResourceExhausted) while the data dir's file system has less free space
   // than this, before RocksDB could fail mid-write on a full disk.
   uint64_t reserve_bytes = 64ull << 20;
+
+  // Replicas (member.h; docs/meta-ha.md): with replica_id set, `ember meta` runs as one of
+  // several replicas that elect a leader in etcd and replicate its writes.
+  std::string replica_id;
+  std::string etcd;                          // etcd members, HOST:PORT,...
+  std::string etcd_prefix = "/ember/meta/";  // the replicas' keys in etcd
+  std::string advertise;                     // the address others reach this replica at (= listen)
+  // Set by MetaMember when this replica leads: the server replicates every store write.
+  struct Leading {
+    EtcdClient* etcd = nullptr;
+    uint64_t term = 0;
+    std::function<void(const std::string&)> lost;  // leadership lost: stop serving
+    std::vector<rpc::ReplicaBatch> applied;        // its last batches as a standby (replication.h)
+  };
+  Leading leading;
 };
 
 class MetaServer {

@@ -62,10 +62,14 @@ std::string BlockKey(const BlockAddr& a) {
   return k;
 }
 
-rocksdb::WriteOptions Synced() {
-  rocksdb::WriteOptions w;
-  w.sync = true;
-  return w;
+// Where the store is in the leader's stream (default column family).
+constexpr char kPositionKey[] = "repl/pos";
+
+std::string EncodePosition(const MetaStore::Position& p) {
+  std::string v;
+  PutBe64(&v, p.term);
+  PutBe64(&v, p.seq);
+  return v;
 }
 
 }  // namespace
@@ -106,6 +110,7 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   store->checksums_ = store->handles_[3];
   store->nodes_ = store->handles_[4];
   store->locations_ = store->handles_[5];
+  RETURN_IF_ERROR(store->ReadPosition());
   if (absl::Status st = store->DropOrphanManifests(); !st.ok()) {
     if (!absl::IsResourceExhausted(st)) return st;
     // Orphans cost only space; they go at a start with room to spare.
@@ -127,6 +132,71 @@ absl::Status MetaStore::CheckSpace() {
                      " MiB kept in reserve: writes are refused until space is "
                      "freed"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status MetaStore::ReadPosition() {
+  std::string v;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kPositionKey, &v);
+  if (s.IsNotFound()) return absl::OkStatus();
+  RETURN_IF_ERROR(FromRocks(s, "read replication position"));
+  if (v.size() != 16) return absl::DataLossError("replication position record is corrupt");
+  absl::MutexLock lock(&commit_mu_);
+  position_ = {GetBe(v, 0, 8), GetBe(v, 8, 8)};
+  return absl::OkStatus();
+}
+
+MetaStore::Position MetaStore::position() {
+  absl::MutexLock lock(&commit_mu_);
+  return position_;
+}
+
+void MetaStore::Lead(uint64_t term, Shipper* shipper) {
+  absl::MutexLock lock(&commit_mu_);
+  term_ = term;
+  shipper_ = shipper;
+}
+
+absl::Status MetaStore::Commit(rocksdb::WriteBatch* batch, bool sync, const std::string& what) {
+  RETURN_IF_ERROR(CheckSpace());
+  rocksdb::WriteOptions w;
+  w.sync = sync;
+  absl::MutexLock lock(&commit_mu_);
+  if (shipper_ == nullptr) return FromRocks(db_->Write(w, batch), what);
+  if (!ship_failed_.empty()) return absl::InternalError(ship_failed_);
+  const Position prev = position_;
+  const Position at{term_, prev.seq + 1};
+  batch->Put(kPositionKey, EncodePosition(at));
+  // On the standbys first: a leader never holds a write they lack (it may lack one they hold,
+  // if it dies here: that write was never acknowledged).
+  RETURN_IF_ERROR(shipper_->Ship(prev, at, batch->Data(), sync));
+  if (absl::Status st = FromRocks(db_->Write(w, batch), what); !st.ok()) {
+    // The standbys are ahead of this store now: it can no longer lead.
+    ship_failed_ = absl::StrCat("this meta replica could not write a batch its standbys hold (",
+                                st.message(), "); restart it so another replica leads");
+    return absl::InternalError(ship_failed_);
+  }
+  position_ = at;
+  return absl::OkStatus();
+}
+
+absl::Status MetaStore::ApplyReplicated(const Position& prev, const Position& at,
+                                        const std::string& batch, bool sync) {
+  RETURN_IF_ERROR(CheckSpace());
+  absl::MutexLock lock(&commit_mu_);
+  if (shipper_ != nullptr) {
+    return absl::FailedPreconditionError("this meta replica leads: it takes no batches");
+  }
+  if (!(prev == position_) || at.seq != prev.seq + 1 || at.term < prev.term) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "batch ", at.term, "/", at.seq, " (after ", prev.term, "/", prev.seq,
+        ") does not follow on from this replica's ", position_.term, "/", position_.seq));
+  }
+  rocksdb::WriteBatch b(batch);
+  rocksdb::WriteOptions w;
+  w.sync = sync;
+  RETURN_IF_ERROR(FromRocks(db_->Write(w, &b), "apply replicated batch"));
+  position_ = at;
   return absl::OkStatus();
 }
 
@@ -165,9 +235,9 @@ absl::StatusOr<std::vector<rpc::Dataset>> MetaStore::ListDatasets() {
 }
 
 absl::Status MetaStore::PutDataset(const rpc::Dataset& ds) {
-  RETURN_IF_ERROR(CheckSpace());
-  return FromRocks(db_->Put(Synced(), datasets_, ds.name(), ds.SerializeAsString()),
-                   "write dataset");
+  rocksdb::WriteBatch b;
+  b.Put(datasets_, ds.name(), ds.SerializeAsString());
+  return Commit(&b, true, "write dataset");
 }
 
 absl::StatusOr<uint32_t> MetaStore::AllocateDatasetId() {
@@ -181,20 +251,24 @@ absl::StatusOr<uint32_t> MetaStore::AllocateDatasetId() {
   }
   std::string nv;
   PutBe32(&nv, next + 1);
-  RETURN_IF_ERROR(CheckSpace());
-  RETURN_IF_ERROR(FromRocks(db_->Put(Synced(), "next_dataset_id", nv), "write id counter"));
+  rocksdb::WriteBatch b;
+  b.Put("next_dataset_id", nv);
+  RETURN_IF_ERROR(Commit(&b, true, "write id counter"));
   return next;
 }
 
 absl::Status MetaStore::DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
                                           const std::string& end) {
-  return FromRocks(db_->DeleteRange(Synced(), cf, begin, end), "delete range");
+  rocksdb::WriteBatch b;
+  b.DeleteRange(cf, begin, end);
+  return Commit(&b, true, "delete range");
 }
 
 absl::Status MetaStore::DeleteDataset(const rpc::Dataset& ds) {
-  RETURN_IF_ERROR(CheckSpace());
   // The record goes first: a crash midway leaves only orphans, dropped at the next open.
-  RETURN_IF_ERROR(FromRocks(db_->Delete(Synced(), datasets_, ds.name()), "delete dataset"));
+  rocksdb::WriteBatch b;
+  b.Delete(datasets_, ds.name());
+  RETURN_IF_ERROR(Commit(&b, true, "delete dataset"));
   std::string begin = DatasetPrefix(ds.id()), end = DatasetPrefix(ds.id() + 1);
   ForgetChecksums();
   for (auto* cf : {manifests_, checksums_, locations_}) {
@@ -205,7 +279,6 @@ absl::Status MetaStore::DeleteDataset(const rpc::Dataset& ds) {
 }
 
 absl::Status MetaStore::DeleteVersionData(uint32_t dataset_id, uint32_t version) {
-  RETURN_IF_ERROR(CheckSpace());
   std::string begin = VersionPrefix(dataset_id, version);
   std::string end = VersionPrefix(dataset_id, version + 1);
   if (version == UINT32_MAX) end = DatasetPrefix(dataset_id + 1);
@@ -262,10 +335,7 @@ absl::Status MetaStore::ManifestWriter::Add(const rpc::FileEntry& entry) {
 
 absl::Status MetaStore::ManifestWriter::Finish() {
   if (pending_ == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(store_->CheckSpace());
-  rocksdb::WriteOptions w;
-  w.disableWAL = false;
-  RETURN_IF_ERROR(FromRocks(store_->db_->Write(w, batch_.get()), "write manifest"));
+  RETURN_IF_ERROR(store_->Commit(batch_.get(), false, "write manifest"));
   batch_->Clear();
   pending_ = 0;
   return absl::OkStatus();
@@ -341,7 +411,6 @@ absl::StatusOr<std::optional<uint64_t>> MetaStore::GetChecksum(const BlockAddr& 
 }
 
 absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items) {
-  RETURN_IF_ERROR(CheckSpace());
   rocksdb::WriteBatch batch;
   for (const auto& [addr, sum] : items) {
     std::string v;
@@ -349,15 +418,16 @@ absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint
     batch.Put(checksums_, BlockKey(addr), v);
   }
   // Unsynced: the WAL survives a crash of meta; nodes re-record anything lost on power loss.
-  RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write checksums"));
+  RETURN_IF_ERROR(Commit(&batch, false, "write checksums"));
   absl::MutexLock lock(&recent_mu_);
   for (const auto& [addr, sum] : items) RememberChecksumLocked(addr, sum);
   return absl::OkStatus();
 }
 
 absl::Status MetaStore::PutNode(const rpc::Node& node) {
-  RETURN_IF_ERROR(CheckSpace());
-  return FromRocks(db_->Put(Synced(), nodes_, node.id(), node.SerializeAsString()), "write node");
+  rocksdb::WriteBatch b;
+  b.Put(nodes_, node.id(), node.SerializeAsString());
+  return Commit(&b, true, "write node");
 }
 
 absl::StatusOr<std::vector<rpc::Node>> MetaStore::ListNodes() {
@@ -375,9 +445,9 @@ absl::StatusOr<std::vector<rpc::Node>> MetaStore::ListNodes() {
 }
 
 absl::Status MetaStore::PutPrefetch(const rpc::PrefetchJob& job) {
-  RETURN_IF_ERROR(CheckSpace());
-  return FromRocks(db_->Put(Synced(), "prefetch/" + job.id(), job.SerializeAsString()),
-                   "write prefetch");
+  rocksdb::WriteBatch b;
+  b.Put("prefetch/" + job.id(), job.SerializeAsString());
+  return Commit(&b, true, "write prefetch");
 }
 
 absl::StatusOr<std::vector<rpc::PrefetchJob>> MetaStore::ListPrefetches() {
@@ -394,9 +464,9 @@ absl::StatusOr<std::vector<rpc::PrefetchJob>> MetaStore::ListPrefetches() {
 }
 
 absl::Status MetaStore::PutJob(const rpc::Job& job) {
-  RETURN_IF_ERROR(CheckSpace());
-  return FromRocks(db_->Put(rocksdb::WriteOptions(), "job/" + job.id(), job.SerializeAsString()),
-                   "write job");
+  rocksdb::WriteBatch b;
+  b.Put("job/" + job.id(), job.SerializeAsString());
+  return Commit(&b, false, "write job");
 }
 
 absl::StatusOr<std::vector<rpc::Job>> MetaStore::ListJobs() {
@@ -413,7 +483,6 @@ absl::StatusOr<std::vector<rpc::Job>> MetaStore::ListJobs() {
 }
 
 absl::Status MetaStore::PutLocations(const std::vector<LocationWrite>& writes) {
-  RETURN_IF_ERROR(CheckSpace());
   rocksdb::WriteBatch batch;
   for (const LocationWrite& w : writes) {
     std::string k = FileKeyBytes(w.key.dataset_id, w.key.version, w.key.file_id);
@@ -425,7 +494,7 @@ absl::Status MetaStore::PutLocations(const std::vector<LocationWrite>& writes) {
     }
   }
   // Soft state: nodes re-report, so no sync.
-  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write locations");
+  return Commit(&batch, false, "write locations");
 }
 
 absl::Status MetaStore::ForEachLocation(

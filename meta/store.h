@@ -10,6 +10,12 @@
 // This is the only file that sees RocksDB types; errors are converted to absl::Status here.
 // Thread-safe (RocksDB is); read-modify-write sequences are the caller's to serialize.
 //
+// Every write goes through one funnel (Commit): a RocksDB WriteBatch. With a Shipper set (meta
+// replicas, replication.h), the funnel numbers each batch (term, seq), stamps that position into
+// the batch itself (key "repl/pos"), and hands it to the shipper before writing it here: a write
+// is on the in-sync standbys before the leader acknowledges it. A standby applies the leader's
+// batches with ApplyReplicated, which checks they follow on from what it has.
+//
 // Every write first checks the data dir's free space and is refused (ResourceExhausted) below a
 // reserve: RocksDB as packaged here aborts the process when a write fails for lack of space
 // after an earlier sync, so meta must not let it get there. Callers then fail the RPC with that
@@ -128,11 +134,42 @@ class MetaStore {
   absl::Status ForEachLocation(const std::function<void(const FileKey&, const std::string& node_id,
                                                         const std::string& bitmap)>& fn);
 
+  // ---- replication (meta replicas: replication.h) ----
+  // Where a store is in the leader's stream of batches: the (term, seq) of the last batch it
+  // applied. {0, 0} for a store that never took part in replication.
+  struct Position {
+    uint64_t term = 0;
+    uint64_t seq = 0;
+    friend bool operator==(const Position&, const Position&) = default;
+  };
+  Position position() ABSL_LOCKS_EXCLUDED(commit_mu_);
+  // What a leader's store does with each batch before writing it: ship it to the standbys.
+  // Ship returns only when every in-sync standby has it (or has been dropped from the set);
+  // an error fails the write (nothing is written here then).
+  class Shipper {
+   public:
+    virtual ~Shipper() = default;
+    virtual absl::Status Ship(const Position& prev, const Position& at, const std::string& batch,
+                              bool sync) = 0;
+  };
+  // From now on every write is batch `seq + 1, + 2, ...` of `term` (> the position's term).
+  // REQUIRES: the shipper outlives the store, or is unset (nullptr) first.
+  void Lead(uint64_t term, Shipper* shipper) ABSL_LOCKS_EXCLUDED(commit_mu_);
+  // A standby's side: applies the leader's batch `at` if it follows on from this store's
+  // position (`prev` == position()). Returns: Ok; FailedPrecondition when it does not follow
+  // on (the leader then catches this standby up, or it needs a fresh copy); the write's errors.
+  absl::Status ApplyReplicated(const Position& prev, const Position& at, const std::string& batch,
+                               bool sync) ABSL_LOCKS_EXCLUDED(commit_mu_);
+
  private:
   MetaStore() = default;
   absl::Status DropOrphanManifests();
   // Returns: Ok; ResourceExhausted when the data dir has less free space than the reserve.
   absl::Status CheckSpace();
+  // The one way anything is written (above). Returns: Ok; the shipper's or RocksDB's errors.
+  absl::Status Commit(rocksdb::WriteBatch* batch, bool sync, const std::string& what)
+      ABSL_LOCKS_EXCLUDED(commit_mu_);
+  absl::Status ReadPosition();
   absl::Status DeletePrefixRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
                                  const std::string& end);
 
@@ -145,6 +182,13 @@ class MetaStore {
   rocksdb::ColumnFamilyHandle* locations_ = nullptr;
   std::string dir_;
   Options options_;
+
+  // Serializes commits when replicating (one numbered stream); position_ is what was applied.
+  absl::Mutex commit_mu_;
+  Position position_ ABSL_GUARDED_BY(commit_mu_);
+  uint64_t term_ ABSL_GUARDED_BY(commit_mu_) = 0;  // the term this store leads in
+  Shipper* shipper_ ABSL_GUARDED_BY(commit_mu_) = nullptr;
+  std::string ship_failed_ ABSL_GUARDED_BY(commit_mu_);  // set: commits refused (Commit)
 
   // Checksums lately read or written, in two generations: the newer one fills up to
   // kRecentChecksums / 2, then becomes the older one (the one before it is dropped). Cleared

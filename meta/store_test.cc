@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "tests/testing/testing.h"
 
 namespace ember::meta {
@@ -122,6 +124,52 @@ TEST(MetaStoreTest, OrphanManifestsDroppedOnOpen) {
   EXPECT_EQ(s.ReadManifest(1, 1, 0, 10)->size(), 1u);  // a listed version stays
   EXPECT_TRUE(s.ReadManifest(1, 2, 0, 10)->empty());   // a scan that never finished goes
   EXPECT_TRUE(s.ReadManifest(9, 1, 0, 10)->empty());
+}
+
+// A leader's store ships each commit, numbered, before writing it; a standby's store applies
+// only batches that follow on from its position, and holds what the leader wrote.
+TEST(MetaStoreTest, ReplicatedBatchesFollowOnOrAreRefused) {
+  TempDir d;
+  auto leader = MetaStore::Open(d.Sub("leader"));
+  auto standby = MetaStore::Open(d.Sub("standby"));
+  ASSERT_TRUE(leader.ok() && standby.ok());
+  struct ToStandby : MetaStore::Shipper {
+    MetaStore* standby;
+    bool refuse = false;
+    std::vector<std::tuple<MetaStore::Position, MetaStore::Position, std::string>> shipped;
+    absl::Status Ship(const MetaStore::Position& prev, const MetaStore::Position& at,
+                      const std::string& batch, bool sync) override {
+      if (refuse) return absl::UnavailableError("standby gone");
+      shipped.emplace_back(prev, at, batch);
+      return standby->ApplyReplicated(prev, at, batch, sync);
+    }
+  } ship;
+  ship.standby = standby->get();
+  (*leader)->Lead(3, &ship);
+  ASSERT_TRUE((*leader)->PutDataset(MakeDataset(1, "a", {1})).ok());
+  ASSERT_TRUE((*leader)->PutChecksums({{BlockAddr{1, 1, 1, 0}, 42}}).ok());
+  EXPECT_EQ((*leader)->position(), (MetaStore::Position{3, 2}));
+  EXPECT_EQ((*standby)->position(), (MetaStore::Position{3, 2}));
+  EXPECT_EQ((*standby)->GetDataset("a")->id(), 1u);
+  EXPECT_EQ(**(*standby)->GetChecksum(BlockAddr{1, 1, 1, 0}), 42u);
+  // A batch again, or one that skips ahead, is refused and changes nothing.
+  auto [prev, at, batch] = ship.shipped[1];
+  EXPECT_TRUE(absl::IsFailedPrecondition((*standby)->ApplyReplicated(prev, at, batch, false)));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition((*standby)->ApplyReplicated({3, 3}, {3, 4}, batch, false)));
+  EXPECT_EQ((*standby)->position(), (MetaStore::Position{3, 2}));
+  // A write the standbys did not take is not written here either.
+  ship.refuse = true;
+  EXPECT_FALSE((*leader)->PutDataset(MakeDataset(2, "b", {1})).ok());
+  EXPECT_TRUE(absl::IsNotFound((*leader)->GetDataset("b").status()));
+  EXPECT_EQ((*leader)->position(), (MetaStore::Position{3, 2}));
+  // The position survives a restart (it is written with each batch).
+  standby->reset();
+  auto reopened = MetaStore::Open(d.Sub("standby"));
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->position(), (MetaStore::Position{3, 2}));
+  // A leader takes no batches.
+  EXPECT_TRUE(absl::IsFailedPrecondition((*leader)->ApplyReplicated({3, 2}, {3, 3}, batch, false)));
 }
 
 }  // namespace

@@ -7,11 +7,28 @@
 #include "absl/strings/str_cat.h"
 #include "common/http_server.h"
 #include "common/units.h"
+#include "meta/member.h"
 #include "meta/meta_client.h"
 #include "meta/meta_server.h"
 #include "tools/cli.h"
 
 namespace ember::tools {
+
+namespace {
+
+// Serves until SIGTERM / SIGINT, then shuts down.
+template <typename Server>
+void ServeUntilSignal(Server& server) {
+  std::thread waiter([&] {
+    int sig = WaitForTerminationSignal();
+    spdlog::info("meta: signal {}, shutting down", sig);
+    server.Shutdown();
+  });
+  server.Wait();
+  waiter.join();
+}
+
+}  // namespace
 
 void AddMetaCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("meta", "Run the metadata service");
@@ -25,6 +42,10 @@ void AddMetaCommand(CLI::App& app) {
     std::string tls_key;
     std::string reserve = "64MiB";
     std::string http_open = "/healthz";
+    std::string replica_id;
+    std::string etcd;
+    std::string etcd_prefix = "/ember/meta/";
+    std::string advertise;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")->capture_default_str();
@@ -48,6 +69,17 @@ void AddMetaCommand(CLI::App& app) {
                   "$EMBER_TOKEN_FILE)");
   cmd->add_option("--tls-cert", opts->tls_cert, "PEM certificate chain: serve gRPC over TLS");
   cmd->add_option("--tls-key", opts->tls_key, "PEM private key of --tls-cert");
+  cmd->add_option("--replica-id", opts->replica_id,
+                  "Run as one of several meta replicas (with --etcd): a leader elected in etcd "
+                  "serves, the others follow its writes and take over when it fails "
+                  "(docs/meta-ha.md). Give clients and nodes every replica's address: "
+                  "--meta A,B,C");
+  cmd->add_option("--etcd", opts->etcd, "etcd members for --replica-id: HOST:PORT,...");
+  cmd->add_option("--etcd-prefix", opts->etcd_prefix,
+                  "Where the replicas keep their keys in etcd (one prefix per meta cluster)")
+      ->capture_default_str();
+  cmd->add_option("--advertise", opts->advertise,
+                  "HOST:PORT other replicas and clients reach this replica at (default --listen)");
   cmd->callback([opts] {
     if (auto s = ValidateHostPort("--listen", opts->listen); !s.ok()) Fail(s);
     auto lease = ParseDuration(opts->lease);
@@ -70,15 +102,24 @@ void AddMetaCommand(CLI::App& app) {
     auto open_paths = HttpAccess::ParsePaths(opts->http_open);
     if (!open_paths.ok()) Fail(absl::StrCat("--http-open: ", open_paths.status().message()));
     options.http_open_paths = *open_paths;
+    if (!opts->replica_id.empty() || !opts->etcd.empty()) {
+      if (opts->replica_id.empty() || opts->etcd.empty()) {
+        Fail("meta replicas need both --replica-id and --etcd");
+      }
+      if (!options.tls_cert_file.empty()) Fail("meta replicas do not serve TLS yet");
+      if (!options.http_listen.empty()) Fail("meta replicas do not serve --http yet");
+      options.replica_id = opts->replica_id;
+      options.etcd = opts->etcd;
+      options.etcd_prefix = opts->etcd_prefix;
+      options.advertise = opts->advertise;
+      auto member = meta::MetaMember::Start(options);
+      if (!member.ok()) Fail(member.status());
+      ServeUntilSignal(**member);
+      return;
+    }
     auto server = meta::MetaServer::Start(options);
     if (!server.ok()) Fail(server.status());
-    std::thread waiter([&] {
-      int sig = WaitForTerminationSignal();
-      spdlog::info("meta: signal {}, shutting down", sig);
-      (*server)->Shutdown();
-    });
-    (*server)->Wait();
-    waiter.join();
+    ServeUntilSignal(**server);
   });
 }
 

@@ -14,7 +14,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libspdlog-dev
   procps psmisc bc openssl util-linux clang
   prometheus chromium systemd curl libcurl4-openssl-dev nginx-light
-  fio rclone bindfs
+  fio rclone bindfs etcd-server etcd-client
 )
 
 missing=()

@@ -1,0 +1,273 @@
+#include "meta/replication.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/secret.h"
+#include "meta/meta_client.h"
+
+namespace ember::meta {
+namespace {
+
+rpc::ReplicaPosition ToProto(const MetaStore::Position& p) {
+  rpc::ReplicaPosition out;
+  out.set_term(p.term);
+  out.set_seq(p.seq);
+  return out;
+}
+MetaStore::Position FromProto(const rpc::ReplicaPosition& p) { return {p.term(), p.seq()}; }
+
+constexpr auto kCatchUpEvery = std::chrono::milliseconds(300);
+
+}  // namespace
+
+Replicator::Replicator(EtcdClient* etcd, const Options& options, MetaStore::Position start,
+                       std::function<void(const std::string&)> lost)
+    : etcd_(etcd), options_(options), lost_(std::move(lost)) {
+  {
+    absl::MutexLock lock(&mu_);
+    first_prev_ = start;
+    last_ = start;
+    if (!options_.seed.empty() && FromProto(options_.seed.back().at()) == start) {
+      first_prev_ = FromProto(options_.seed.front().prev());
+      for (const auto& b : options_.seed) {
+        recent_bytes_ += b.batch().size();
+        recent_.push_back({b});
+      }
+    }
+  }
+  catch_up_ = std::thread([this] { CatchUpLoop(); });
+}
+
+Replicator::~Replicator() {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    stop_ = true;
+  }
+  catch_up_.join();
+}
+
+std::vector<std::string> Replicator::InSync() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, f] : followers_) {
+    if (f->in_sync) out.push_back(id);
+  }
+  return out;
+}
+
+absl::StatusOr<rpc::ReplicaApplyResponse> Replicator::Send(Follower& f,
+                                                           const rpc::ReplicaBatch& b) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
+  if (!options_.token.empty()) {
+    ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
+  }
+  rpc::ReplicaApplyResponse resp;
+  grpc::Status s = f.stub->Apply(&ctx, b, &resp);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+  return resp;
+}
+
+bool Replicator::SetInSync(const std::string& id, bool in_sync) {
+  etcdserverpb::TxnRequest txn;
+  auto* c = txn.add_compare();
+  c->set_key(options_.keys.leader());
+  c->set_target(etcdserverpb::Compare::CREATE);
+  c->set_result(etcdserverpb::Compare::EQUAL);
+  c->set_create_revision(static_cast<int64_t>(options_.term));
+  auto* op = txn.add_success();
+  if (in_sync) {
+    op->mutable_request_put()->set_key(options_.keys.in_sync(id));
+  } else {
+    op->mutable_request_delete_range()->set_key(options_.keys.in_sync(id));
+  }
+  auto r = etcd_->Txn(txn);
+  if (!r.ok()) {
+    spdlog::warn("meta replica {}: cannot mark {} {} in etcd: {}", options_.self_id, id,
+                 in_sync ? "in sync" : "out of sync", std::string(r.status().message()));
+    return false;
+  }
+  return r->succeeded();
+}
+
+absl::Status Replicator::Ship(const MetaStore::Position& prev, const MetaStore::Position& at,
+                              const std::string& batch, bool sync) {
+  absl::MutexLock lock(&mu_);
+  if (gone_) return absl::UnavailableError("this meta replica no longer leads");
+  Entry e;
+  *e.batch.mutable_prev() = ToProto(prev);
+  *e.batch.mutable_at() = ToProto(at);
+  e.batch.set_batch(batch);
+  e.batch.set_sync(sync);
+  for (auto& [id, f] : followers_) {
+    if (!f->in_sync) continue;
+    auto r = Send(*f, e.batch);
+    if (r.ok()) continue;
+    // Out of the set before the write is acknowledged: it may no longer campaign.
+    spdlog::warn(
+        "meta replica {}: standby {} did not take batch {}/{}: {}; dropping it from the "
+        "in-sync set",
+        options_.self_id, id, at.term, at.seq, std::string(r.status().message()));
+    if (!SetInSync(id, false)) {
+      gone_ = true;
+      std::string why = absl::StrCat("cannot drop standby ", id,
+                                     " from the in-sync set: this replica no longer leads");
+      if (lost_) lost_(why);
+      return absl::UnavailableError(why);
+    }
+    f->in_sync = false;
+  }
+  recent_bytes_ += batch.size();
+  recent_.push_back(std::move(e));
+  last_ = at;
+  while (recent_bytes_ > options_.keep_bytes && recent_.size() > 1) {
+    recent_bytes_ -= recent_.front().batch.batch().size();
+    first_prev_ = FromProto(recent_.front().batch.at());
+    recent_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+void Replicator::CatchUpLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&stop_mu_);
+      stop_mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(kCatchUpEvery));
+      if (stop_) return;
+    }
+    auto members = etcd_->GetPrefix(options_.keys.members());
+    if (!members.ok()) continue;
+    std::vector<std::string> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      if (gone_) return;
+      for (const auto& kv : *members) {
+        std::string id = kv.key.substr(options_.keys.members().size());
+        if (id == options_.self_id) continue;
+        auto& f = followers_[id];
+        if (f == nullptr || f->address != kv.value) {
+          bool was_in_sync = f != nullptr && f->in_sync;
+          f = std::make_shared<Follower>();
+          f->address = kv.value;
+          f->in_sync = was_in_sync;
+          grpc::ChannelArguments args;
+          args.SetMaxSendMessageSize(64 << 20);
+          f->stub = rpc::MetaReplica::NewStub(
+              grpc::CreateCustomChannel(kv.value, grpc::InsecureChannelCredentials(), args));
+        }
+        if (!f->in_sync) ids.push_back(id);
+      }
+    }
+    for (const auto& id : ids) CatchUp(id);
+  }
+}
+
+void Replicator::CatchUp(const std::string& id) {
+  std::shared_ptr<Follower> f;
+  {
+    absl::MutexLock lock(&mu_);
+    f = followers_[id];
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
+  if (!options_.token.empty()) {
+    ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
+  }
+  rpc::ReplicaApplyResponse pos;
+  if (!f->stub->Position(&ctx, rpc::ReplicaPositionRequest(), &pos).ok()) return;
+  MetaStore::Position at = FromProto(pos.position());
+  // Ship what it lacks from the recent batches, outside the lock (commits go on meanwhile),
+  // then, under the lock, the last few and into the set.
+  for (int round = 0; round < 1000; round++) {
+    std::vector<rpc::ReplicaBatch> todo;
+    {
+      absl::MutexLock lock(&mu_);
+      if (gone_) return;
+      bool found = at == first_prev_;
+      for (const Entry& e : recent_) {
+        if (found) {
+          todo.push_back(e.batch);
+          if (todo.size() >= 64) break;
+        } else if (FromProto(e.batch.at()) == at) {
+          found = true;
+        }
+      }
+      if (!found) {
+        if (!f->told_stuck) {
+          spdlog::error(
+              "meta replica {}: standby {} is at {}/{}, which the batches kept here ({}/{} to "
+              "{}/{}) do not follow on from: it cannot join the in-sync set (it needs a fresh "
+              "copy of this replica's store)",
+              options_.self_id, id, at.term, at.seq, first_prev_.term, first_prev_.seq, last_.term,
+              last_.seq);
+          f->told_stuck = true;
+        }
+        return;
+      }
+      if (todo.empty() && at == last_) {
+        // Current, and no commit can happen while the lock is held: into the set.
+        if (SetInSync(id, true)) {
+          f->in_sync = true;
+          f->told_stuck = false;
+          spdlog::info("meta replica {}: standby {} is in sync at {}/{}", options_.self_id, id,
+                       at.term, at.seq);
+        }
+        return;
+      }
+    }
+    for (const auto& b : todo) {
+      auto r = Send(*f, b);
+      if (!r.ok()) return;  // tried again next round
+      at = FromProto(r->position());
+    }
+  }
+}
+
+bool ReplicaService::Authorized(grpc::ServerContext* ctx) const {
+  if (token_.empty()) return true;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kAuthMetadataKey);
+  return it != md.end() && TokenEqual(std::string_view(it->second.data(), it->second.size()),
+                                      absl::StrCat(kBearerPrefix, token_));
+}
+
+grpc::Status ReplicaService::Apply(grpc::ServerContext* ctx, const rpc::ReplicaBatch* req,
+                                   rpc::ReplicaApplyResponse* resp) {
+  if (!Authorized(ctx)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "replication needs the cluster token");
+  }
+  absl::MutexLock lock(&mu_);  // applied and kept in the same order
+  absl::Status st = store_->ApplyReplicated(FromProto(req->prev()), FromProto(req->at()),
+                                            req->batch(), req->sync());
+  *resp->mutable_position() = ToProto(store_->position());
+  if (!st.ok()) {
+    return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+  }
+  recent_bytes_ += req->batch().size();
+  recent_.push_back(*req);
+  while (recent_bytes_ > keep_bytes_ && recent_.size() > 1) {
+    recent_bytes_ -= recent_.front().batch().size();
+    recent_.pop_front();
+  }
+  return grpc::Status::OK;
+}
+
+std::vector<rpc::ReplicaBatch> ReplicaService::Recent() {
+  absl::MutexLock lock(&mu_);
+  return {recent_.begin(), recent_.end()};
+}
+
+grpc::Status ReplicaService::Position(grpc::ServerContext* ctx, const rpc::ReplicaPositionRequest*,
+                                      rpc::ReplicaApplyResponse* resp) {
+  if (!Authorized(ctx)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "replication needs the cluster token");
+  }
+  *resp->mutable_position() = ToProto(store_->position());
+  return grpc::Status::OK;
+}
+
+}  // namespace ember::meta

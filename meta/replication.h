@@ -1,0 +1,123 @@
+// Meta replicas (docs/meta-ha.md): a leader and standbys, each with its own RocksDB; etcd
+// decides who leads and who is in sync. This file has the two halves of the write stream:
+//   Replicator      the leader's: every store commit (MetaStore::Shipper) goes to each in-sync
+//                   standby before it is acknowledged; a standby that fails is dropped from the
+//                   in-sync set in etcd first (a transaction guarded by the leader's key, so a
+//                   deposed leader cannot do it). Standbys that are behind are caught up from the
+//                   recent batches it keeps, then added to the set.
+//   ReplicaService  a standby's: applies batches that follow on from its position.
+// The election itself (who campaigns, when) is member.h's.
+//
+// etcd keys under a prefix P (default "/ember/meta/"):
+//   P leader          "ID ADDRESS" on the leader's lease; its create revision is the term
+//   P member/ID       ADDRESS on each replica's lease: who the leader should replicate to
+//   P in-sync/ID      present while replica ID holds every acknowledged write
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "meta/etcd_client.h"
+#include "meta/meta.grpc.pb.h"
+#include "meta/store.h"
+
+namespace ember::meta {
+
+struct ReplicaKeys {
+  std::string prefix = "/ember/meta/";
+  std::string leader() const { return prefix + "leader"; }
+  std::string member(const std::string& id) const { return prefix + "member/" + id; }
+  std::string members() const { return prefix + "member/"; }
+  std::string in_sync(const std::string& id) const { return prefix + "in-sync/" + id; }
+  std::string in_syncs() const { return prefix + "in-sync/"; }
+};
+
+class Replicator final : public MetaStore::Shipper {
+ public:
+  struct Options {
+    std::string self_id;
+    ReplicaKeys keys;
+    uint64_t term = 0;               // the leader key's create revision
+    std::string token;               // the cluster token, sent to the standbys
+    size_t keep_bytes = 256u << 20;  // recent batches kept to catch standbys up
+    std::chrono::milliseconds ack_timeout{1000};
+    // The batches this replica applied last as a standby (ReplicaService::Recent), oldest
+    // first, ending at `start`: a replica that was a little behind the last leader catches up
+    // from them too.
+    std::vector<rpc::ReplicaBatch> seed;
+  };
+  // `start`: the store's position when this replica began to lead. `lost`: called (once) when
+  // this replica finds it no longer leads (it must stop serving). Starts the catch-up thread.
+  Replicator(EtcdClient* etcd, const Options& options, MetaStore::Position start,
+             std::function<void(const std::string&)> lost);
+  ~Replicator() override;
+
+  absl::Status Ship(const MetaStore::Position& prev, const MetaStore::Position& at,
+                    const std::string& batch, bool sync) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The replicas now in sync (not this one).
+  std::vector<std::string> InSync() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Entry {
+    rpc::ReplicaBatch batch;
+  };
+  struct Follower {
+    std::string address;
+    std::unique_ptr<rpc::MetaReplica::Stub> stub;
+    bool in_sync = false;
+    bool told_stuck = false;
+  };
+  absl::StatusOr<rpc::ReplicaApplyResponse> Send(Follower& f, const rpc::ReplicaBatch& b);
+  // Puts (or deletes) P in-sync/ID if this replica still leads. Returns: whether it did.
+  bool SetInSync(const std::string& id, bool in_sync);
+  void CatchUpLoop();
+  void CatchUp(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  EtcdClient* etcd_;
+  const Options options_;
+  const std::function<void(const std::string&)> lost_;
+  absl::Mutex mu_;  // held across a Ship (one numbered stream)
+  std::deque<Entry> recent_ ABSL_GUARDED_BY(mu_);
+  size_t recent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  MetaStore::Position first_prev_ ABSL_GUARDED_BY(mu_);  // prev of recent_.front()
+  MetaStore::Position last_ ABSL_GUARDED_BY(mu_);        // the newest position
+  std::map<std::string, std::shared_ptr<Follower>> followers_ ABSL_GUARDED_BY(mu_);
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;  // lost leadership
+  absl::Mutex stop_mu_;
+  bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread catch_up_;
+};
+
+// A standby's end of the stream (also served by the leader, which refuses batches).
+class ReplicaService final : public rpc::MetaReplica::Service {
+ public:
+  // Keeps the last `keep_bytes` of batches it applied (Recent).
+  ReplicaService(MetaStore* store, std::string token, size_t keep_bytes = 64u << 20)
+      : store_(store), token_(std::move(token)), keep_bytes_(keep_bytes) {}
+  grpc::Status Apply(grpc::ServerContext* ctx, const rpc::ReplicaBatch* req,
+                     rpc::ReplicaApplyResponse* resp) override;
+  grpc::Status Position(grpc::ServerContext* ctx, const rpc::ReplicaPositionRequest* req,
+                        rpc::ReplicaApplyResponse* resp) override;
+  // The batches applied lately, oldest first (each follows on from the one before).
+  std::vector<rpc::ReplicaBatch> Recent() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  bool Authorized(grpc::ServerContext* ctx) const;
+  MetaStore* store_;
+  const std::string token_;
+  const size_t keep_bytes_;
+  absl::Mutex mu_;
+  std::deque<rpc::ReplicaBatch> recent_ ABSL_GUARDED_BY(mu_);
+  size_t recent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ember::meta

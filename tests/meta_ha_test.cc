@@ -1,0 +1,266 @@
+// Meta replicas (#26 part 2; docs/meta-ha.md) as real processes: an etcd member and three
+// `ember meta --replica-id` on 127.0.0.x, and a client given every replica's address.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "meta/etcd_client.h"
+#include "meta/meta_client.h"
+#include "tests/testing/testing.h"
+
+namespace ember {
+namespace {
+
+using testing::Process;
+using testing::TempDir;
+
+const char kPrefix[] = "/ember-test/meta/";
+
+// Debian's etcd-server, where it installs it.
+const char kEtcd[] = "/usr/bin/etcd";
+bool HaveEtcd() { return access(kEtcd, X_OK) == 0; }
+
+class Etcd {
+ public:
+  explicit Etcd(const std::string& dir) {
+    const int client = testing::FreePort("127.0.0.1"), peer = testing::FreePort("127.0.0.1");
+    address_ = absl::StrCat("127.0.0.1:", client);
+    const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
+    process_ = std::make_unique<Process>(
+        std::vector<std::string>{
+            kEtcd, "--name", "e1", "--data-dir", dir, "--listen-client-urls", "http://" + address_,
+            "--advertise-client-urls", "http://" + address_, "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url, "--initial-cluster", "e1=" + peer_url,
+            "--heartbeat-interval", "100", "--election-timeout", "1000"},
+        dir + ".log");
+    EXPECT_TRUE(
+        testing::WaitFor([&] { return testing::PortOpen(address_); }, std::chrono::seconds(20)));
+    client_ = *meta::EtcdClient::Connect(address_);
+    // Ready when it answers a read (it has elected itself).
+    absl::Status last;
+    EXPECT_TRUE(testing::WaitFor(
+        [&] {
+          last = client_->Get("x").status();
+          return last.ok();
+        },
+        std::chrono::seconds(20)))
+        << last;
+  }
+  const std::string& address() const { return address_; }
+  meta::EtcdClient& client() { return *client_; }
+
+ private:
+  std::string address_;
+  std::unique_ptr<Process> process_;
+  std::unique_ptr<meta::EtcdClient> client_;
+};
+
+class Replica {
+ public:
+  Replica(const std::string& id, const std::string& host, const std::string& dir,
+          const std::string& etcd)
+      : id_(id), dir_(dir), etcd_(etcd) {
+    address_ = absl::StrCat(host, ":", testing::FreePort(host));
+    Start();
+  }
+  void Start() {
+    process_ = std::make_unique<Process>(
+        std::vector<std::string>{EMBER_BINARY, "meta", "--listen", address_, "--data-dir", dir_,
+                                 "--replica-id", id_, "--etcd", etcd_, "--etcd-prefix", kPrefix},
+        absl::StrCat(dir_, ".", starts_++));
+  }
+  void Kill() {
+    process_->Signal(SIGKILL);
+    process_->Wait();
+  }
+  const std::string& id() const { return id_; }
+  const std::string& address() const { return address_; }
+  Process& process() { return *process_; }
+
+ private:
+  std::string id_, dir_, etcd_, address_;
+  int starts_ = 0;
+  std::unique_ptr<Process> process_;
+};
+
+// The replica etcd names as leader ("" if none).
+std::string LeaderId(meta::EtcdClient& etcd) {
+  auto kv = etcd.Get(absl::StrCat(kPrefix, "leader"));
+  if (!kv.ok() || !kv->has_value()) return "";
+  return (*kv)->value.substr(0, (*kv)->value.find(' '));
+}
+// A leader other than `old` within 10 s (the failover target).
+bool NewLeaderWithin10s(meta::EtcdClient& etcd, const std::string& old) {
+  return testing::WaitFor(
+      [&] {
+        std::string l = LeaderId(etcd);
+        return !l.empty() && l != old;
+      },
+      std::chrono::seconds(10));
+}
+size_t InSync(meta::EtcdClient& etcd) {
+  auto kvs = etcd.GetPrefix(absl::StrCat(kPrefix, "in-sync/"));
+  return kvs.ok() ? kvs->size() : 0;
+}
+
+// Claims are checked against the manifest: batch k claims blocks k*n .. k*n+n-1 of one large
+// (sparse) file of dataset 1.
+uint64_t g_file_id = 0;
+BlockAddr Claimed(uint64_t batch, uint64_t i, uint64_t n) {
+  return BlockAddr{1, 1, g_file_id, batch * n + i};
+}
+rpc::RecordChecksumsRequest Claims(uint64_t batch, uint64_t n) {
+  rpc::RecordChecksumsRequest req;
+  for (uint64_t i = 0; i < n; i++) {
+    auto* c = req.add_checksums();
+    *c->mutable_block() = meta::ToProto(Claimed(batch, i, n));
+    c->set_checksum(batch * 1000003 + i);
+  }
+  return req;
+}
+
+// Every claim acknowledged is there, with its value.
+void ExpectClaims(meta::MetaClient& client, const std::vector<uint64_t>& files, uint64_t n) {
+  for (uint64_t file : files) {
+    rpc::GetChecksumsRequest req;
+    for (uint64_t i = 0; i < n; i++) *req.add_blocks() = meta::ToProto(Claimed(file, i, n));
+    auto r = client.GetChecksums(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (uint64_t i = 0; i < n; i++) {
+      ASSERT_TRUE(r->present(static_cast<int>(i))) << "claim " << file << "/" << i << " lost";
+      ASSERT_EQ(r->checksums(static_cast<int>(i)), file * 1000003 + i);
+    }
+  }
+}
+
+TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
+  if (!HaveEtcd()) GTEST_SKIP() << "etcd is not installed (apt-get install etcd-server)";
+  TempDir tmp;
+  Etcd etcd(tmp.Sub("etcd"));
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int i = 1; i <= 3; i++) {
+    replicas.push_back(std::make_unique<Replica>(absl::StrCat("m", i),
+                                                 absl::StrCat("127.0.0.", 20 + i),
+                                                 tmp.Sub(absl::StrCat("m", i)), etcd.address()));
+  }
+  std::string all;
+  for (auto& r : replicas) all += (all.empty() ? "" : ",") + r->address();
+  meta::MetaClient client(all, std::chrono::seconds(15));
+  auto by_id = [&](const std::string& id) -> Replica& {
+    for (auto& r : replicas) {
+      if (r->id() == id) return *r;
+    }
+    ADD_FAILURE() << "no replica " << id;
+    return *replicas[0];
+  };
+
+  // A dataset and claims through whichever replica leads; standbys join the in-sync set.
+  std::filesystem::create_directories(tmp.Sub("origin"));
+  {
+    std::ofstream(tmp.Sub("origin/a.bin")).put('x');
+    std::filesystem::resize_file(tmp.Sub("origin/a.bin"), 1ull << 40);  // 262,144 blocks
+  }
+  auto logs = [&] {
+    std::string out;
+    for (auto& r : replicas)
+      absl::StrAppend(&out, "---- ", r->id(), "\n", r->process().Stdout(), r->process().Stderr());
+    return out;
+  };
+  auto added = client.AddDataset("d1", tmp.Sub("origin"), 0);
+  ASSERT_TRUE(added.ok()) << added.status() << "\n" << logs();
+  ASSERT_TRUE(client
+                  .ForEachManifestEntry("d1", 0,
+                                        [](const rpc::FileEntry& e) {
+                                          if (e.type() == rpc::FileEntry::FILE) {
+                                            g_file_id = e.file_id();
+                                          }
+                                        })
+                  .ok());
+  ASSERT_NE(g_file_id, 0u);
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return InSync(etcd.client()) == 3; }, std::chrono::seconds(20)))
+      << "in sync: " << InSync(etcd.client());
+  const std::string first = LeaderId(etcd.client());
+  ASSERT_FALSE(first.empty());
+
+  // A standby names the leader; a client given only the standby cannot write through it.
+  Replica& standby = by_id(first == "m1" ? "m2" : "m1");
+  meta::MetaClient standby_only(standby.address(), std::chrono::milliseconds(500));
+  auto refused = standby_only.ListDatasets();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("leader is " + by_id(first).address()),
+            std::string::npos)
+      << refused.status();
+
+  // Claims written without pause; the leader is killed in the middle.
+  std::atomic<bool> stop{false};
+  std::vector<uint64_t> acked;
+  absl::Mutex acked_mu;
+  std::string first_error;
+  std::atomic<int64_t> last_ok_ms{0}, longest_gap_ms{0};
+  auto now_ms = [] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  std::thread writer([&] {
+    last_ok_ms = now_ms();
+    for (uint64_t file = 1; !stop; file++) {
+      auto r = client.RecordChecksums(Claims(file, 50));
+      if (!r.ok()) {  // not acknowledged: may or may not be there
+        absl::MutexLock lock(&acked_mu);
+        if (first_error.empty()) first_error = r.status().ToString();
+        continue;
+      }
+      const int64_t t = now_ms();
+      longest_gap_ms = std::max<int64_t>(longest_gap_ms, t - last_ok_ms);
+      last_ok_ms = t;
+      absl::MutexLock lock(&acked_mu);
+      acked.push_back(file);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  by_id(first).Kill();
+  ASSERT_TRUE(NewLeaderWithin10s(etcd.client(), first));
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  stop = true;
+  writer.join();
+  const std::string second = LeaderId(etcd.client());
+  EXPECT_LT(longest_gap_ms.load(), 10000) << "writes stopped for longer than 10 s";
+  {
+    absl::MutexLock lock(&acked_mu);
+    ASSERT_GT(acked.size(), 10u) << first_error << "\n" << logs();
+    ExpectClaims(client, acked, 50);
+  }
+  auto datasets = client.ListDatasets();
+  ASSERT_TRUE(datasets.ok()) << datasets.status();
+  ASSERT_EQ(datasets->size(), 1u);
+  EXPECT_EQ((*datasets)[0].name(), "d1");
+
+  // The killed replica comes back as a standby and catches up; then the second leader dies
+  // and the data is still all there on the third.
+  by_id(first).Start();
+  ASSERT_TRUE(client.AddDataset("d2", tmp.Sub("origin"), 0).ok());
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return InSync(etcd.client()) == 3; }, std::chrono::seconds(20)))
+      << "in sync: " << InSync(etcd.client()) << "\n"
+      << logs();
+  by_id(second).Kill();
+  ASSERT_TRUE(NewLeaderWithin10s(etcd.client(), second));
+  datasets = client.ListDatasets();
+  ASSERT_TRUE(datasets.ok()) << datasets.status();
+  EXPECT_EQ(datasets->size(), 2u);
+  absl::MutexLock lock(&acked_mu);
+  ExpectClaims(client, acked, 50);
+}
+
+}  // namespace
+}  // namespace ember
