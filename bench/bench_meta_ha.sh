@@ -4,7 +4,11 @@
 #      200,000-file tiny dataset in its store;
 #  (b)/(c) etcd as the agreement engine: three members on 127.0.0.11-13, `etcdctl check perf`,
 #      and the time from kill -9 of the leader until the survivors have a new leader (KILLS
-#      times; the killed member rejoins between kills).
+#      times; the killed member rejoins between kills);
+#  (c) as built: three `ember meta --replica-id` on those etcd members: `dataset add` of the same
+#      200,000 files through the replicated leader, and META_KILLS (default 20) kill -9s of the
+#      leader, each timed until a write (`dataset add` of a one-file set, through a client given
+#      all three addresses) is acknowledged again; the killed replica restarts between kills.
 # Usage: bench/bench_meta_ha.sh [BUILD]; KILLS (default 10). Needs etcd-server and etcd-client
 # (Debian's 3.4). Writes a table to BUILD/bench/meta_ha.md; --json prints it as JSON.
 set -euo pipefail
@@ -29,7 +33,7 @@ ETCD_PIDS=()
 META_PID=""
 cleanup() {
   stop_all
-  for p in $META_PID "${ETCD_PIDS[@]:-}"; do
+  for p in $META_PID "${ETCD_PIDS[@]:-}" "${MPIDS[@]:-}"; do
     if [ -n "$p" ]; then kill -9 "$p" 2> /dev/null || true; fi
   done
 }
@@ -140,6 +144,48 @@ n=${#times[@]}
 median=$(echo "$sorted" | sed -n "$(((n + 1) / 2))p")
 max=$(echo "$sorted" | tail -1)
 row "etcd leader kill -9 -> new leader (election timeout 1 s)" "median $median s, max $max s" "$n kills"
+
+# (c) as built: three meta replicas (127.0.0.21-23) on the three etcd members.
+say "meta replicas"
+MPORT=$((40000 + RANDOM % 10000))
+ALL="127.0.0.21:$MPORT,127.0.0.22:$MPORT,127.0.0.23:$MPORT"
+declare -A MPIDS
+start_replica() {  # N
+  "$B/ember" meta --listen "127.0.0.2$1:$MPORT" --data-dir "$WORK/replica$1" --replica-id "m$1" \
+    --etcd "$ENDPOINTS" >> "$WORK/replica$1.log" 2>&1 &
+  MPIDS[$1]=$!
+}
+in_sync() { ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" get --prefix /ember/meta/in-sync/ --keys-only 2> /dev/null | grep -c . || true; }
+meta_leader() { ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINTS" get /ember/meta/leader --print-value-only 2> /dev/null | cut -d' ' -f1 | tr -dc 0-9; }
+for m in 1 2 3; do start_replica $m; done
+export EMBER_META=$ALL
+until "$B/ember" dataset ls > /dev/null 2>&1; do sleep 0.1; done
+until [ "$(in_sync)" = 3 ]; do sleep 0.1; done
+say "dataset add of the tiny set through the replicated leader"
+t0=$(now); "$B/ember" dataset add tiny "$TINY" > /dev/null; t1=$(now)
+row "dataset add, 200,000 files (3 replicas)" "$(secs "$t0" "$t1") s" "every batch on both standbys before it is acknowledged"
+ONE=$WORK/one; mkdir -p "$ONE"; echo x > "$ONE/x"
+META_KILLS=${META_KILLS:-20}
+times=()
+for k in $(seq "$META_KILLS"); do
+  until [ "$(in_sync)" = 3 ]; do sleep 0.1; done
+  l=$(meta_leader)
+  [ -n "$l" ] || { sleep 0.5; continue; }
+  kill -9 "${MPIDS[$l]}"; wait "${MPIDS[$l]}" 2> /dev/null || true
+  t0=$(now)
+  # Answered again = a write acknowledged by the new leader (the client follows it).
+  until "$B/ember" dataset add "k$k" "$ONE" > /dev/null 2>&1; do sleep 0.02; done
+  t1=$(now); times+=("$(secs "$t0" "$t1")")
+  say "meta leader m$l killed: a write acknowledged again after ${times[-1]} s"
+  start_replica "$l"
+done
+sorted=$(printf '%s\n' "${times[@]}" | sort -n)
+n=${#times[@]}
+row "meta leader kill -9 -> a write acknowledged by the new leader" \
+  "median $(echo "$sorted" | sed -n "$(((n + 1) / 2))p") s, max $(echo "$sorted" | tail -1) s" \
+  "$n kills; lease TTL 3 s"
+for m in 1 2 3; do kill "${MPIDS[$m]}" 2> /dev/null || true; done
+for m in 1 2 3; do wait "${MPIDS[$m]}" 2> /dev/null || true; done
 
 if [ "$JSON" = 1 ]; then
   printf '%s\n' "${ROWS[@]}" | python3 -c 'import json,sys

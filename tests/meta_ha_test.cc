@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "meta/etcd_client.h"
 #include "meta/meta_client.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
 
 namespace ember {
@@ -260,6 +262,145 @@ TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
   EXPECT_EQ(datasets->size(), 2u);
   absl::MutexLock lock(&acked_mu);
   ExpectClaims(client, acked, 50);
+}
+
+// The scenario: nodes reading through their mounts, a prefetch running, a job placed
+// and a `dataset add` in flight when the leader is killed. Readers see no error, the prefetch
+// finishes, the job and every dataset acknowledged are on the new leader.
+TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
+  if (!HaveEtcd()) GTEST_SKIP() << "etcd is not installed (apt-get install etcd-server)";
+  namespace fs = std::filesystem;
+  TempDir tmp;
+  Etcd etcd(tmp.Sub("etcd"));
+  std::vector<std::unique_ptr<Replica>> replicas;
+  std::string all;
+  for (int i = 1; i <= 3; i++) {
+    replicas.push_back(std::make_unique<Replica>(absl::StrCat("m", i),
+                                                 absl::StrCat("127.0.0.", 30 + i),
+                                                 tmp.Sub(absl::StrCat("m", i)), etcd.address()));
+    all += (all.empty() ? "" : ",") + replicas.back()->address();
+  }
+  auto ember = [&](std::vector<std::string> args) {
+    args.insert(args.end(), {"--meta", all});
+    return testing::RunEmber(args, {}, std::chrono::seconds(60));
+  };
+  const std::string origin = tmp.Sub("origin");
+  fs::create_directories(origin);
+  for (int i = 0; i < 16; i++) {
+    testing::WriteRandomFile(absl::StrCat(origin, "/f", i), (2 << 20) + i, 100 + i);
+  }
+  const std::string many = tmp.Sub("many");
+  for (int d = 0; d < 20; d++) {
+    fs::create_directories(absl::StrCat(many, "/", d));
+    for (int i = 0; i < 500; i++) {
+      std::ofstream(absl::StrCat(many, "/", d, "/", i)) << i;
+    }
+  }
+  auto r = ember({"dataset", "add", "ds", origin});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::unique_ptr<testing::NodeProcess>> nodes;
+  for (int i = 1; i <= 2; i++) {
+    testing::NodeProcess::Options o;
+    o.id = absl::StrCat("n", i);
+    o.listen_host = absl::StrCat("127.0.0.", 40 + i);
+    o.extra_args = {"--gpus", "8"};
+    nodes.push_back(std::make_unique<testing::NodeProcess>(tmp.Sub(o.id), all, o));
+    ASSERT_TRUE(nodes.back()->Start());
+  }
+  meta::MetaClient client(all, std::chrono::seconds(15));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto n = client.ListNodes();
+        return n.ok() && n->size() == 2;
+      },
+      std::chrono::seconds(20)));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return InSync(etcd.client()) == 3; }, std::chrono::seconds(20)));
+
+  // Readers on node 1, comparing every byte with the origin, all through the kill.
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, errors{0};
+  std::string first_error;
+  std::thread reader;
+  // Threads end before the test returns, also when an ASSERT ends it early.
+  struct Joiner {
+    std::atomic<bool>* stop;
+    std::vector<std::thread*> threads;
+    ~Joiner() {
+      *stop = true;
+      for (auto* t : threads) {
+        if (t->joinable()) t->join();
+      }
+    }
+  };
+  std::thread scan;
+  Joiner joiner{&stop, {&reader, &scan}};
+  reader = std::thread([&] {
+    while (!stop) {
+      for (int i = 0; i < 16 && !stop; i++) {
+        const std::string got = testing::ReadFile(absl::StrCat(nodes[0]->mount(), "/ds/f", i));
+        if (got != testing::ReadFile(absl::StrCat(origin, "/f", i)) && errors++ == 0) {
+          first_error = absl::StrCat("f", i, ": ", got.size(), " bytes");
+        }
+        reads++;
+      }
+    }
+  });
+  // A slow prefetch to both nodes (the origin at 1 MiB/s: ~30 s), a job, and a scan in flight.
+  r = ember({"prefetch", "ds", "--mode", "full", "--all", "--origin-rate", "1MiB", "--detach"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.out.rfind("prefetch ", 0), 0u) << r.out;  // "prefetch ID: ..."
+  const std::string prefetch_id = r.out.substr(9, r.out.find(':') - 9);
+  const std::string spec = tmp.Sub("job.yaml");
+  std::ofstream(spec) << "name: train\nworkers: 1\ngpus: 8\ndataset: ds\n";
+  r = ember({"job", "submit", spec, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string job_id = nlohmann::json::parse(r.out)["id"];
+  scan = std::thread([&] {
+    // In flight when the leader dies: either acknowledged (then it must be there) or failed
+    // (then it is tried again, as a user would).
+    for (int attempt = 0; attempt < 3; attempt++) {
+      if (ember({"dataset", "add", "many", many}).exit_code == 0) return;
+      if (ember({"dataset", "ls"}).out.find("many") != std::string::npos) return;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string first = LeaderId(etcd.client());
+  for (auto& rep : replicas) {
+    if (rep->id() == first) rep->Kill();
+  }
+  ASSERT_TRUE(NewLeaderWithin10s(etcd.client(), first));
+  scan.join();
+
+  // The prefetch finishes on both nodes; the job and both datasets are there.
+  std::string state;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto j = client.GetPrefetch(prefetch_id);
+        if (!j.ok()) return false;
+        state = rpc::PrefetchJob::State_Name(j->state());
+        return j->state() != rpc::PrefetchJob::RUNNING;
+      },
+      std::chrono::seconds(90)))
+      << state;
+  auto job = client.GetPrefetch(prefetch_id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), rpc::PrefetchJob::DONE) << job->DebugString();
+  auto placed = client.GetJob(job_id);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->spec().name(), "train");
+  auto datasets = client.ListDatasets();
+  ASSERT_TRUE(datasets.ok());
+  EXPECT_EQ(datasets->size(), 2u);
+  stop = true;
+  reader.join();
+  EXPECT_GT(reads.load(), 16);
+  EXPECT_EQ(errors.load(), 0) << first_error;
+  // Every file reads whole on node 2 too (the prefetch put it there).
+  for (int i = 0; i < 16; i++) {
+    EXPECT_EQ(testing::ReadFile(absl::StrCat(nodes[1]->mount(), "/ds/f", i)),
+              testing::ReadFile(absl::StrCat(origin, "/f", i)));
+  }
 }
 
 }  // namespace
