@@ -86,11 +86,31 @@ absl::StatusOr<std::unique_ptr<MetaMember>> MetaMember::Start(const MetaOptions&
 }
 
 absl::Status MetaMember::StartStandby() {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::filesystem::create_directories(options_.data_dir, ec);
-  ASSIGN_OR_RETURN(store_, MetaStore::Open(options_.data_dir + "/meta.rocksdb",
-                                           MetaStore::Options{options_.reserve_bytes}));
-  replica_ = std::make_unique<ReplicaService>(store_.get(), options_.token);
+  fs::create_directories(options_.data_dir, ec);
+  const std::string path = options_.data_dir + "/meta.rocksdb";
+  const std::string old = path + ".old", incoming = path + ".incoming";
+  // A copy of the leader's store being put in place when this replica died: finish or undo.
+  if (!fs::exists(path) && fs::exists(old)) fs::rename(old, path, ec);
+  fs::remove_all(old, ec);
+  fs::remove_all(incoming, ec);
+  ASSIGN_OR_RETURN(store_, MetaStore::Open(path, MetaStore::Options{options_.reserve_bytes}));
+  auto install = [this, path, old](const std::string& dir) -> absl::StatusOr<MetaStore*> {
+    store_.reset();
+    std::error_code e;
+    fs::rename(path, old, e);
+    if (!e) fs::rename(dir, path, e);
+    if (e)
+      return absl::InternalError(absl::StrCat("cannot put the store copy in place: ", e.message()));
+    fs::remove_all(old, e);
+    ASSIGN_OR_RETURN(store_, MetaStore::Open(path, MetaStore::Options{options_.reserve_bytes}));
+    const MetaStore::Position at = store_->position();
+    spdlog::info("meta replica {}: installed a copy of the leader's store at {}/{}",
+                 options_.replica_id, at.term, at.seq);
+    return store_.get();
+  };
+  replica_ = std::make_unique<ReplicaService>(store_.get(), options_.token, incoming, install);
   not_leader_ = std::make_unique<NotLeader>(this);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);

@@ -91,6 +91,9 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
     ro.term = options.leading.term;
     ro.token = options.token;
     ro.seed = options.leading.applied;
+    ro.store = p.store.get();
+    ro.snapshot_dir = options.data_dir + "/snapshots";
+    ro.keep_bytes = options.replica_keep_bytes;
     p.replicator = std::make_unique<Replicator>(options.leading.etcd, ro, p.store->position(),
                                                 options.leading.lost);
     p.store->Lead(options.leading.term, p.replicator.get());

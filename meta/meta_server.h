@@ -64,6 +64,9 @@ struct MetaOptions {
   std::string etcd;                          // etcd members, HOST:PORT,...
   std::string etcd_prefix = "/ember/meta/";  // the replicas' keys in etcd
   std::string advertise;                     // the address others reach this replica at (= listen)
+  // How much of its recent write stream a leader keeps to catch standbys up; one further behind
+  // gets a copy of the whole store.
+  uint64_t replica_keep_bytes = 256ull << 20;
   // Set by MetaMember when this replica leads: the server replicates every store write.
   struct Leading {
     EtcdClient* etcd = nullptr;

@@ -3,8 +3,12 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 #include "common/secret.h"
+#include "common/status.h"
 #include "meta/meta_client.h"
 
 namespace ember::meta {
@@ -184,10 +188,11 @@ void Replicator::CatchUp(const std::string& id) {
   // then, under the lock, the last few and into the set.
   for (int round = 0; round < 1000; round++) {
     std::vector<rpc::ReplicaBatch> todo;
+    bool found;
     {
       absl::MutexLock lock(&mu_);
       if (gone_) return;
-      bool found = at == first_prev_;
+      found = at == first_prev_;
       for (const Entry& e : recent_) {
         if (found) {
           todo.push_back(e.batch);
@@ -197,22 +202,31 @@ void Replicator::CatchUp(const std::string& id) {
         }
       }
       if (!found) {
-        if (!f->told_stuck) {
-          spdlog::error(
-              "meta replica {}: standby {} is at {}/{}, which the batches kept here ({}/{} to "
-              "{}/{}) do not follow on from: it cannot join the in-sync set (it needs a fresh "
-              "copy of this replica's store)",
-              options_.self_id, id, at.term, at.seq, first_prev_.term, first_prev_.seq, last_.term,
-              last_.seq);
-          f->told_stuck = true;
-        }
+        if (std::chrono::steady_clock::now() < f->next_snapshot) return;
+        f->next_snapshot = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      }
+    }
+    if (!found) {
+      // Off the kept batches (too far behind, or holding a batch this leader never had).
+      spdlog::info(
+          "meta replica {}: standby {} is at {}/{}, which the kept batches do not "
+          "follow on from: sending it a copy of the store",
+          options_.self_id, id, at.term, at.seq);
+      auto installed = SendSnapshot(id, *f);
+      if (!installed.ok()) {
+        spdlog::warn("meta replica {}: copy of the store to {} failed: {}", options_.self_id, id,
+                     std::string(installed.status().message()));
         return;
       }
+      at = *installed;
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
       if (todo.empty() && at == last_) {
         // Current, and no commit can happen while the lock is held: into the set.
         if (SetInSync(id, true)) {
           f->in_sync = true;
-          f->told_stuck = false;
           spdlog::info("meta replica {}: standby {} is in sync at {}/{}", options_.self_id, id,
                        at.term, at.seq);
         }
@@ -225,6 +239,58 @@ void Replicator::CatchUp(const std::string& id) {
       at = FromProto(r->position());
     }
   }
+}
+
+absl::StatusOr<MetaStore::Position> Replicator::SendSnapshot(const std::string& id, Follower& f) {
+  namespace fs = std::filesystem;
+  if (options_.store == nullptr) return absl::FailedPreconditionError("no store to copy");
+  const std::string dir = absl::StrCat(options_.snapshot_dir, "/", id);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(options_.snapshot_dir, ec);
+  RETURN_IF_ERROR(options_.store->Checkpoint(dir));
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code e;
+      fs::remove_all(dir, e);
+    }
+  } cleanup{dir};
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
+  if (!options_.token.empty()) {
+    ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
+  }
+  rpc::ReplicaApplyResponse resp;
+  auto writer = f.stub->Install(&ctx, &resp);
+  uint64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    rpc::SnapshotChunk chunk;
+    chunk.set_file(e.path().filename().string());
+    std::string buf(1 << 20, '\0');
+    bool sent_any = false;
+    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
+      chunk.set_data(buf.data(), static_cast<size_t>(in.gcount()));
+      bytes += chunk.data().size();
+      if (!writer->Write(chunk)) break;
+      sent_any = true;
+    }
+    if (!sent_any) {
+      chunk.clear_data();
+      writer->Write(chunk);  // an empty file is a file too
+    }
+    if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read ", e.path().string()));
+  }
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+  spdlog::info("meta replica {}: {} installed a copy of the store ({} MiB) at {}/{}",
+               options_.self_id, id, bytes >> 20, resp.position().term(), resp.position().seq());
+  return FromProto(resp.position());
 }
 
 bool ReplicaService::Authorized(grpc::ServerContext* ctx) const {
@@ -266,6 +332,53 @@ grpc::Status ReplicaService::Position(grpc::ServerContext* ctx, const rpc::Repli
   if (!Authorized(ctx)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "replication needs the cluster token");
   }
+  absl::MutexLock lock(&mu_);
+  *resp->mutable_position() = ToProto(store_->position());
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplicaService::Install(grpc::ServerContext* ctx,
+                                     grpc::ServerReader<rpc::SnapshotChunk>* reader,
+                                     rpc::ReplicaApplyResponse* resp) {
+  namespace fs = std::filesystem;
+  if (!Authorized(ctx)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "replication needs the cluster token");
+  }
+  if (!install_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this replica leads");
+  }
+  absl::MutexLock lock(&mu_);  // no batch applied meanwhile
+  std::error_code ec;
+  fs::remove_all(incoming_dir_, ec);
+  fs::create_directories(incoming_dir_, ec);
+  if (ec) return grpc::Status(grpc::StatusCode::INTERNAL, ec.message());
+  std::map<std::string, std::ofstream> files;
+  rpc::SnapshotChunk chunk;
+  while (reader->Read(&chunk)) {
+    const std::string& name = chunk.file();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad file name in store copy");
+    }
+    auto it = files.find(name);
+    if (it == files.end()) {
+      it = files.emplace(name, std::ofstream(incoming_dir_ + "/" + name, std::ios::binary)).first;
+    }
+    it->second.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    if (!it->second) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write " + name);
+  }
+  for (auto& [name, out] : files) {
+    out.flush();
+    if (!out) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write " + name);
+  }
+  files.clear();
+  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "copy cut short");
+  auto installed = install_(incoming_dir_);
+  if (!installed.ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, std::string(installed.status().message()));
+  }
+  store_ = *installed;
+  recent_.clear();
+  recent_bytes_ = 0;
   *resp->mutable_position() = ToProto(store_->position());
   return grpc::Status::OK;
 }

@@ -53,6 +53,10 @@ class Replicator final : public MetaStore::Shipper {
     // first, ending at `start`: a replica that was a little behind the last leader catches up
     // from them too.
     std::vector<rpc::ReplicaBatch> seed;
+    // A standby the kept batches cannot catch up gets a copy of the whole store, made here
+    // (same file system as the store: hard links).
+    MetaStore* store = nullptr;
+    std::string snapshot_dir;
   };
   // `start`: the store's position when this replica began to lead. `lost`: called (once) when
   // this replica finds it no longer leads (it must stop serving). Starts the catch-up thread.
@@ -74,13 +78,15 @@ class Replicator final : public MetaStore::Shipper {
     std::string address;
     std::unique_ptr<rpc::MetaReplica::Stub> stub;
     bool in_sync = false;
-    bool told_stuck = false;
+    std::chrono::steady_clock::time_point next_snapshot{};
   };
   absl::StatusOr<rpc::ReplicaApplyResponse> Send(Follower& f, const rpc::ReplicaBatch& b);
   // Puts (or deletes) P in-sync/ID if this replica still leads. Returns: whether it did.
   bool SetInSync(const std::string& id, bool in_sync);
   void CatchUpLoop();
   void CatchUp(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends the follower a copy of the store. Returns: its position after installing it.
+  absl::StatusOr<MetaStore::Position> SendSnapshot(const std::string& id, Follower& f);
 
   EtcdClient* etcd_;
   const Options options_;
@@ -101,21 +107,33 @@ class Replicator final : public MetaStore::Shipper {
 class ReplicaService final : public rpc::MetaReplica::Service {
  public:
   // Keeps the last `keep_bytes` of batches it applied (Recent).
-  ReplicaService(MetaStore* store, std::string token, size_t keep_bytes = 64u << 20)
-      : store_(store), token_(std::move(token)), keep_bytes_(keep_bytes) {}
+  // `install(dir)`: replaces the store with the copy received into `dir`; returns the new one.
+  // Unset: Install is refused (a leader's service).
+  using InstallFn = std::function<absl::StatusOr<MetaStore*>(const std::string& dir)>;
+  ReplicaService(MetaStore* store, std::string token, std::string incoming_dir = "",
+                 InstallFn install = {}, size_t keep_bytes = 64u << 20)
+      : store_(store),
+        token_(std::move(token)),
+        incoming_dir_(std::move(incoming_dir)),
+        install_(std::move(install)),
+        keep_bytes_(keep_bytes) {}
   grpc::Status Apply(grpc::ServerContext* ctx, const rpc::ReplicaBatch* req,
                      rpc::ReplicaApplyResponse* resp) override;
   grpc::Status Position(grpc::ServerContext* ctx, const rpc::ReplicaPositionRequest* req,
                         rpc::ReplicaApplyResponse* resp) override;
+  grpc::Status Install(grpc::ServerContext* ctx, grpc::ServerReader<rpc::SnapshotChunk>* reader,
+                       rpc::ReplicaApplyResponse* resp) override;
   // The batches applied lately, oldest first (each follows on from the one before).
   std::vector<rpc::ReplicaBatch> Recent() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   bool Authorized(grpc::ServerContext* ctx) const;
-  MetaStore* store_;
-  const std::string token_;
-  const size_t keep_bytes_;
   absl::Mutex mu_;
+  MetaStore* store_ ABSL_GUARDED_BY(mu_);
+  const std::string token_;
+  const std::string incoming_dir_;
+  const InstallFn install_;
+  const size_t keep_bytes_;
   std::deque<rpc::ReplicaBatch> recent_ ABSL_GUARDED_BY(mu_);
   size_t recent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

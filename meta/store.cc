@@ -4,6 +4,7 @@
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
+#include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 #include <sys/statvfs.h>
 
@@ -198,6 +199,13 @@ absl::Status MetaStore::ApplyReplicated(const Position& prev, const Position& at
   RETURN_IF_ERROR(FromRocks(db_->Write(w, &b), "apply replicated batch"));
   position_ = at;
   return absl::OkStatus();
+}
+
+absl::Status MetaStore::Checkpoint(const std::string& dir) {
+  rocksdb::Checkpoint* raw = nullptr;
+  RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(db_.get(), &raw), "checkpoint"));
+  std::unique_ptr<rocksdb::Checkpoint> cp(raw);
+  return FromRocks(cp->CreateCheckpoint(dir), absl::StrCat("checkpoint into '", dir, "'"));
 }
 
 MetaStore::~MetaStore() {

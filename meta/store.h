@@ -160,6 +160,9 @@ class MetaStore {
   // on (the leader then catches this standby up, or it needs a fresh copy); the write's errors.
   absl::Status ApplyReplicated(const Position& prev, const Position& at, const std::string& batch,
                                bool sync) ABSL_LOCKS_EXCLUDED(commit_mu_);
+  // A consistent copy of the whole store in `dir` (which must not exist; hard links where it
+  // can), for a standby that cannot catch up from recent batches. The copy's position is in it.
+  absl::Status Checkpoint(const std::string& dir);
 
  private:
   MetaStore() = default;

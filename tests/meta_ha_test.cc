@@ -67,16 +67,17 @@ class Etcd {
 class Replica {
  public:
   Replica(const std::string& id, const std::string& host, const std::string& dir,
-          const std::string& etcd)
-      : id_(id), dir_(dir), etcd_(etcd) {
+          const std::string& etcd, std::vector<std::string> extra = {})
+      : id_(id), dir_(dir), etcd_(etcd), extra_(std::move(extra)) {
     address_ = absl::StrCat(host, ":", testing::FreePort(host));
     Start();
   }
   void Start() {
-    process_ = std::make_unique<Process>(
-        std::vector<std::string>{EMBER_BINARY, "meta", "--listen", address_, "--data-dir", dir_,
-                                 "--replica-id", id_, "--etcd", etcd_, "--etcd-prefix", kPrefix},
-        absl::StrCat(dir_, ".", starts_++));
+    std::vector<std::string> argv{EMBER_BINARY, "meta", "--listen",      address_,
+                                  "--data-dir", dir_,   "--replica-id",  id_,
+                                  "--etcd",     etcd_,  "--etcd-prefix", kPrefix};
+    argv.insert(argv.end(), extra_.begin(), extra_.end());
+    process_ = std::make_unique<Process>(argv, absl::StrCat(dir_, ".", starts_++));
   }
   void Kill() {
     process_->Signal(SIGKILL);
@@ -88,6 +89,7 @@ class Replica {
 
  private:
   std::string id_, dir_, etcd_, address_;
+  std::vector<std::string> extra_;
   int starts_ = 0;
   std::unique_ptr<Process> process_;
 };
@@ -401,6 +403,75 @@ TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
     EXPECT_EQ(testing::ReadFile(absl::StrCat(nodes[1]->mount(), "/ds/f", i)),
               testing::ReadFile(absl::StrCat(origin, "/f", i)));
   }
+}
+
+// A replica that joins with an empty store, behind what the leader keeps of its recent writes
+// (--replica-keep 1B: the last batch only), gets a copy of the whole store, catches up, and
+// then holds everything: it serves alone once both others are killed.
+TEST(MetaHaTest, AReplicaFarBehindGetsACopyOfTheStore) {
+  if (!HaveEtcd()) GTEST_SKIP() << "etcd is not installed (apt-get install etcd-server)";
+  TempDir tmp;
+  Etcd etcd(tmp.Sub("etcd"));
+  std::vector<std::unique_ptr<Replica>> replicas;
+  std::string all;
+  for (int i = 1; i <= 3; i++) {
+    replicas.push_back(std::make_unique<Replica>(
+        absl::StrCat("m", i), absl::StrCat("127.0.0.", 50 + i), tmp.Sub(absl::StrCat("m", i)),
+        etcd.address(), std::vector<std::string>{"--replica-keep", "1B"}));
+    all += (all.empty() ? "" : ",") + replicas.back()->address();
+    if (i == 2) {
+      ASSERT_TRUE(
+          testing::WaitFor([&] { return InSync(etcd.client()) == 2; }, std::chrono::seconds(20)));
+      break;
+    }
+  }
+  meta::MetaClient client(all, std::chrono::seconds(15));
+  std::filesystem::create_directories(tmp.Sub("origin"));
+  {
+    std::ofstream(tmp.Sub("origin/a.bin")).put('x');
+    std::filesystem::resize_file(tmp.Sub("origin/a.bin"), 1ull << 40);
+  }
+  ASSERT_TRUE(client.AddDataset("d1", tmp.Sub("origin"), 0).ok());
+  ASSERT_TRUE(client
+                  .ForEachManifestEntry("d1", 0,
+                                        [](const rpc::FileEntry& e) {
+                                          if (e.type() == rpc::FileEntry::FILE) {
+                                            g_file_id = e.file_id();
+                                          }
+                                        })
+                  .ok());
+  std::vector<uint64_t> batches;
+  for (uint64_t b = 1; b <= 20; b++) {
+    ASSERT_TRUE(client.RecordChecksums(Claims(b, 50)).ok());
+    batches.push_back(b);
+  }
+  // The third replica starts empty, far behind.
+  replicas.push_back(std::make_unique<Replica>("m3", "127.0.0.53", tmp.Sub("m3"), etcd.address(),
+                                               std::vector<std::string>{"--replica-keep", "1B"}));
+  const std::string m3 = replicas.back()->address();
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return InSync(etcd.client()) == 3; }, std::chrono::seconds(30)))
+      << replicas[0]->process().Stderr() << replicas[1]->process().Stderr()
+      << replicas[2]->process().Stderr();
+  replicas[0]->Kill();
+  replicas[1]->Kill();
+  meta::MetaClient only_m3(m3, std::chrono::seconds(15));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return LeaderId(etcd.client()) == "m3"; }, std::chrono::seconds(15)))
+      << replicas[2]->process().Stderr();
+  // Leading, then serving (a moment later: the standby's server makes way for the leader's).
+  absl::StatusOr<std::vector<rpc::Dataset>> datasets;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        datasets = only_m3.ListDatasets();
+        return datasets.ok();
+      },
+      std::chrono::seconds(10)))
+      << datasets.status() << replicas[2]->process().Stdout();
+  ASSERT_EQ(datasets->size(), 1u);
+  ExpectClaims(only_m3, batches, 50);
+  EXPECT_NE(replicas[2]->process().Stdout().find("installed a copy of the leader's store"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ void AddMetaCommand(CLI::App& app) {
     std::string etcd;
     std::string etcd_prefix = "/ember/meta/";
     std::string advertise;
+    std::string replica_keep = "256MiB";
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to serve gRPC on")->capture_default_str();
@@ -77,6 +78,10 @@ void AddMetaCommand(CLI::App& app) {
   cmd->add_option("--etcd", opts->etcd, "etcd members for --replica-id: HOST:PORT,...");
   cmd->add_option("--etcd-prefix", opts->etcd_prefix,
                   "Where the replicas keep their keys in etcd (one prefix per meta cluster)")
+      ->capture_default_str();
+  cmd->add_option("--replica-keep", opts->replica_keep,
+                  "How much of its recent writes a leading replica keeps to catch standbys up; "
+                  "a standby further behind gets a copy of the whole store")
       ->capture_default_str();
   cmd->add_option("--advertise", opts->advertise,
                   "HOST:PORT other replicas and clients reach this replica at (default --listen)");
@@ -112,6 +117,9 @@ void AddMetaCommand(CLI::App& app) {
       options.etcd = opts->etcd;
       options.etcd_prefix = opts->etcd_prefix;
       options.advertise = opts->advertise;
+      auto keep = ParseSize(opts->replica_keep);
+      if (!keep.ok()) Fail(absl::StrCat("--replica-keep: ", keep.status().message()));
+      options.replica_keep_bytes = *keep;
       auto member = meta::MetaMember::Start(options);
       if (!member.ok()) Fail(member.status());
       ServeUntilSignal(**member);
