@@ -453,6 +453,10 @@ TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("DaemonSet/ember-node"), std::string::npos) << out;
   EXPECT_NE(out.find("StatefulSet/ember-meta"), std::string::npos) << out;
+  // Meta as replicas: etcd and meta StatefulSets with their disruption budgets.
+  EXPECT_NE(out.find("meta-replicas.yaml: StatefulSet/ember-etcd"), std::string::npos) << out;
+  EXPECT_NE(out.find("meta-replicas.yaml: PodDisruptionBudget/ember-meta"), std::string::npos)
+      << out;
   // The validator does reject a broken manifest.
   TempDir dir;
   std::string bad = ReadFile(EMBER_SOURCE_DIR "/deploy/kubernetes/meta.yaml");

@@ -112,7 +112,6 @@ void AddMetaCommand(CLI::App& app) {
         Fail("meta replicas need both --replica-id and --etcd");
       }
       if (!options.tls_cert_file.empty()) Fail("meta replicas do not serve TLS yet");
-      if (!options.http_listen.empty()) Fail("meta replicas do not serve --http yet");
       options.replica_id = opts->replica_id;
       options.etcd = opts->etcd;
       options.etcd_prefix = opts->etcd_prefix;

@@ -8,6 +8,7 @@ const groups = {
   "v1": "kubernetes-models/v1",
   "apps/v1": "kubernetes-models/apps/v1",
   "rbac.authorization.k8s.io/v1": "kubernetes-models/rbac.authorization.k8s.io/v1",
+  "policy/v1": "kubernetes-models/policy/v1",
 };
 let bad = 0, checked = 0;
 for (const file of process.argv.slice(2)) {
