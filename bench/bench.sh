@@ -15,7 +15,8 @@
 #    bench_files_memory.sh: agent and meta RSS per file at 200,000 and 1,000,000 files, with
 #    dataset add and find at that size.
 # 4. bench_meta_ha.sh (when etcd is installed): meta's restart time on its data dir, etcd's write
-#    latency and leader failover on 127.0.0.11-13: the figures behind docs/meta-ha.md.
+#    latency and leader failover on 127.0.0.11-13, and meta replicas on them: `dataset add`
+#    through a replicated leader and 20 leader kills, each timed until a write is acknowledged.
 set -euo pipefail
 BUILD=$(realpath "${1:-build}")
 EMBER=$BUILD/bin/ember

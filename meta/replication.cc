@@ -107,23 +107,58 @@ absl::Status Replicator::Ship(const MetaStore::Position& prev, const MetaStore::
   *e.batch.mutable_at() = ToProto(at);
   e.batch.set_batch(batch);
   e.batch.set_sync(sync);
+  // To every in-sync standby at once; then the answers, in turn.
+  struct Call {
+    std::string id;
+    Follower* f;
+    grpc::ClientContext ctx;
+    rpc::ReplicaApplyResponse resp;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
   for (auto& [id, f] : followers_) {
     if (!f->in_sync) continue;
-    auto r = Send(*f, e.batch);
-    if (r.ok()) continue;
+    calls.push_back(std::make_unique<Call>());
+    calls.back()->id = id;
+    calls.back()->f = f.get();
+  }
+  struct Answers {
+    absl::Mutex mu;
+    size_t got = 0, want = 0;
+    bool All() const { return got == want; }
+  } answers;
+  answers.want = calls.size();
+  for (auto& c : calls) {
+    c->ctx.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
+    if (!options_.token.empty()) {
+      c->ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
+    }
+    c->f->stub->async()->Apply(&c->ctx, &e.batch, &c->resp,
+                               [&answers, call = c.get()](grpc::Status st) {
+                                 absl::MutexLock lock(&answers.mu);
+                                 call->status = std::move(st);
+                                 answers.got++;
+                               });
+  }
+  {
+    absl::MutexLock lock(&answers.mu);
+    answers.mu.Await(absl::Condition(&answers, &Answers::All));
+  }
+  for (auto& c : calls) {
+    if (c->status.ok()) continue;
     // Out of the set before the write is acknowledged: it may no longer campaign.
     spdlog::warn(
         "meta replica {}: standby {} did not take batch {}/{}: {}; dropping it from the "
         "in-sync set",
-        options_.self_id, id, at.term, at.seq, std::string(r.status().message()));
-    if (!SetInSync(id, false)) {
+        options_.self_id, c->id, at.term, at.seq, c->status.error_message());
+    if (!SetInSync(c->id, false)) {
       gone_ = true;
-      std::string why = absl::StrCat("cannot drop standby ", id,
+      std::string why = absl::StrCat("cannot drop standby ", c->id,
                                      " from the in-sync set: this replica no longer leads");
       if (lost_) lost_(why);
       return absl::UnavailableError(why);
     }
-    f->in_sync = false;
+    c->f->in_sync = false;
   }
   recent_bytes_ += batch.size();
   recent_.push_back(std::move(e));
