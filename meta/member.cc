@@ -153,8 +153,12 @@ void MetaMember::Shutdown() {
 
 void MetaMember::Wait() {
   while (!Stopping()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  absl::MutexLock lock(&mu_);
-  if (server_) server_->Wait();
+  MetaServer* server;
+  {
+    absl::MutexLock lock(&mu_);  // not held while waiting: Shutdown takes it
+    server = server_.get();
+  }
+  if (server != nullptr) server->Wait();
 }
 
 void MetaMember::Lost(const std::string& why) {

@@ -122,27 +122,29 @@ absl::Status Replicator::Ship(const MetaStore::Position& prev, const MetaStore::
     calls.back()->id = id;
     calls.back()->f = f.get();
   }
+  // Shared with the callbacks: one may still be unlocking it when this thread wakes up.
   struct Answers {
     absl::Mutex mu;
     size_t got = 0, want = 0;
     bool All() const { return got == want; }
-  } answers;
-  answers.want = calls.size();
+  };
+  auto answers = std::make_shared<Answers>();
+  answers->want = calls.size();
   for (auto& c : calls) {
     c->ctx.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
     if (!options_.token.empty()) {
       c->ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
     }
     c->f->stub->async()->Apply(&c->ctx, &e.batch, &c->resp,
-                               [&answers, call = c.get()](grpc::Status st) {
-                                 absl::MutexLock lock(&answers.mu);
+                               [answers, call = c.get()](grpc::Status st) {
+                                 absl::MutexLock lock(&answers->mu);
                                  call->status = std::move(st);
-                                 answers.got++;
+                                 answers->got++;
                                });
   }
   {
-    absl::MutexLock lock(&answers.mu);
-    answers.mu.Await(absl::Condition(&answers, &Answers::All));
+    absl::MutexLock lock(&answers->mu);
+    answers->mu.Await(absl::Condition(answers.get(), &Answers::All));
   }
   for (auto& c : calls) {
     if (c->status.ok()) continue;

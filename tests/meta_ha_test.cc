@@ -281,8 +281,16 @@ TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
   datasets = client.ListDatasets();
   ASSERT_TRUE(datasets.ok()) << datasets.status();
   EXPECT_EQ(datasets->size(), 2u);
-  absl::MutexLock lock(&acked_mu);
-  ExpectClaims(client, acked, 50);
+  {
+    absl::MutexLock lock(&acked_mu);
+    ExpectClaims(client, acked, 50);
+  }
+  // SIGTERM ends leader and standby alike, promptly and cleanly.
+  for (auto& rep : replicas) {
+    if (rep->id() == second || !rep->process().Running()) continue;
+    rep->process().Signal(SIGTERM);
+    EXPECT_EQ(rep->process().Wait(std::chrono::seconds(15)), 0) << rep->id() << "\n" << logs();
+  }
 }
 
 // The scenario: nodes reading through their mounts, a prefetch running, a job placed
