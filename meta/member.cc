@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<MetaMember>> MetaMember::Start(const MetaOptions&
     m->options_.listen = m->advertise_;
   }
   m->keepalive_ = std::thread([p = m.get()] { p->KeepAliveLoop(); });
+  m->watchdog_ = std::thread([p = m.get()] { p->Watchdog(); });
   m->campaign_ = std::thread([p = m.get()] { p->CampaignLoop(); });
   return m;
 }
@@ -95,7 +96,8 @@ absl::Status MetaMember::StartStandby() {
   if (!fs::exists(path) && fs::exists(old)) fs::rename(old, path, ec);
   fs::remove_all(old, ec);
   fs::remove_all(incoming, ec);
-  ASSIGN_OR_RETURN(store_, MetaStore::Open(path, MetaStore::Options{options_.reserve_bytes}));
+  ASSIGN_OR_RETURN(store_, MetaStore::Open(path, MetaStore::Options{options_.reserve_bytes,
+                                                                    /*drop_orphans=*/false}));
   auto install = [this, path, old](const std::string& dir) -> absl::StatusOr<MetaStore*> {
     store_.reset();
     std::error_code e;
@@ -122,6 +124,7 @@ absl::Status MetaMember::StartStandby() {
     return absl::UnavailableError(absl::StrCat("cannot listen on '", options_.listen, "'"));
   }
   const MetaStore::Position at = store_->position();
+  store_empty_at_start_ = store_->Empty();
   spdlog::info("meta replica {}: standby on {} (store at {}/{}), etcd {}", options_.replica_id,
                options_.listen, at.term, at.seq, options_.etcd);
   return absl::OkStatus();
@@ -142,6 +145,7 @@ void MetaMember::Shutdown() {
   }
   if (campaign_.joinable()) campaign_.join();
   if (keepalive_.joinable()) keepalive_.join();
+  if (watchdog_.joinable()) watchdog_.join();
   {
     absl::MutexLock lock(&mu_);
     if (server_) server_->Shutdown();
@@ -162,10 +166,21 @@ void MetaMember::Wait() {
 }
 
 void MetaMember::Lost(const std::string& why) {
-  spdlog::critical("meta replica {}: lost the lead ({}); exiting so that it serves no more",
-                   options_.replica_id, why);
+  spdlog::critical("meta replica {}: {}; exiting (it must not serve on)", options_.replica_id, why);
   spdlog::default_logger()->flush();
   _exit(75);
+}
+
+void MetaMember::Watchdog() {
+  // Apart from the renewals, which may wait on etcd longer than the lease has left.
+  while (!Stopping()) {
+    if (leading_ &&
+        NowMs() - renewed_at_ms_.load() > MetaMember::kLeaseSeconds * 1000 - kLeaseMargin.count()) {
+      Lost("its etcd lease could not be renewed in time: another replica may lead");
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
+  }
 }
 
 void MetaMember::KeepAliveLoop() {
@@ -209,7 +224,8 @@ bool MetaMember::Campaign(uint64_t* term) {
   const ReplicaKeys keys{options_.etcd_prefix};
   const int64_t lease = lease_.load();
   if (lease == 0) return false;
-  // Twice: as a replica in the in-sync set, or as any replica of a cluster that never had one.
+  // Twice: as a replica in the in-sync set, or as any replica of a cluster that never had a
+  // leader (then every replica's store is empty).
   for (int attempt = 0; attempt < 2; attempt++) {
     etcdserverpb::TxnRequest txn;
     auto* no_leader = txn.add_compare();
@@ -224,11 +240,11 @@ bool MetaMember::Campaign(uint64_t* term) {
       may->set_result(etcdserverpb::Compare::GREATER);
       may->set_create_revision(0);
     } else {
-      may->set_key(keys.in_syncs());
-      may->set_range_end(EtcdClient::PrefixEnd(keys.in_syncs()));
-      may->set_target(etcdserverpb::Compare::VERSION);
+      may->set_key(keys.initialized());
+      may->set_target(etcdserverpb::Compare::CREATE);
       may->set_result(etcdserverpb::Compare::EQUAL);
-      may->set_version(0);
+      may->set_create_revision(0);
+      txn.add_success()->mutable_request_put()->set_key(keys.initialized());
     }
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keys.leader());
@@ -250,11 +266,31 @@ bool MetaMember::Campaign(uint64_t* term) {
 void MetaMember::CampaignLoop() {
   const ReplicaKeys keys{options_.etcd_prefix};
   bool told_not_in_sync = false;
+  // An empty store holds none of the writes its in-sync key (if one is left from before: a new
+  // disk) vouches for: out of the set first, then it may campaign.
+  bool left = !store_empty_at_start_;
   while (!Stopping()) {
+    if (!left) {
+      etcdserverpb::TxnRequest out;
+      out.add_success()->mutable_request_delete_range()->set_key(keys.in_sync(options_.replica_id));
+      left = etcd_->Txn(out).ok();
+      if (!left) {
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(kCampaignEvery));
+        continue;
+      }
+    }
     auto leader = etcd_->Get(keys.leader());
     if (leader.ok()) {
       absl::MutexLock lock(&mu_);
       leader_ = leader->has_value() ? (*leader)->value : std::string();
+    }
+    // A campaign etcd committed but whose answer was lost: the key is this replica's.
+    if (leader.ok() && leader->has_value() &&
+        (*leader)->value == absl::StrCat(options_.replica_id, " ", advertise_) &&
+        (*leader)->lease == lease_.load() && lease_.load() != 0) {
+      Promote(static_cast<uint64_t>((*leader)->create_revision));
+      return;
     }
     if (leader.ok() && !leader->has_value() && lease_.load() != 0) {
       uint64_t term = 0;

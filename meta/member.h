@@ -49,6 +49,8 @@ class MetaMember {
   explicit MetaMember(const MetaOptions& options);
   absl::Status StartStandby();
   void KeepAliveLoop();
+  // Exits a leader whose lease may have ended (kLeaseMargin before it could).
+  void Watchdog();
   void CampaignLoop();
   // Returns: whether this replica won (then `term` is set).
   bool Campaign(uint64_t* term);
@@ -75,7 +77,8 @@ class MetaMember {
   std::unique_ptr<grpc::Server> standby_server_;
   // Leader.
   std::unique_ptr<MetaServer> server_ ABSL_GUARDED_BY(mu_);
-  std::thread keepalive_, campaign_;
+  bool store_empty_at_start_ = false;
+  std::thread keepalive_, campaign_, watchdog_;
 };
 
 }  // namespace ember::meta

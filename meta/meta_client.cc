@@ -91,7 +91,21 @@ class MetaClient::Impl {
              std::chrono::steady_clock::time_point deadline) {
     const bool not_leader = s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
                             absl::StartsWith(s.error_message(), "not the leader");
-    const bool unreachable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    // Unreachable, or a replica that lost the lead mid-call: the call did not happen there.
+    // (Meta's own Unavailable errors, e.g. a failing disk, are answers: not tried elsewhere.)
+    const std::string& m = s.error_message();
+    const bool unreachable =
+        s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        (absl::StrContains(m, "failed to connect") || absl::StrContains(m, "Connection refused") ||
+         absl::StrContains(m, "Socket closed") || absl::StrContains(m, "Connection reset") ||
+         absl::StrContains(m, "Broken pipe") || absl::StrContains(m, "no longer leads"));
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && endpoints.size() > 1) {
+      // A replica that hangs (stopped, cut off): the call may have happened, so it is not
+      // tried again, but the next one goes elsewhere.
+      absl::MutexLock lock(&current_mu);
+      if (current == at) current = (at + 1) % endpoints.size();
+      return false;
+    }
     if (!not_leader && !(unreachable && endpoints.size() > 1)) return false;
     if (std::chrono::steady_clock::now() >= deadline) return false;
     size_t next = (at + 1) % endpoints.size();

@@ -27,8 +27,7 @@ namespace ember::meta {
 
 // The units, in construction order (each may use the ones before it), and what serves them.
 struct MetaServer::Parts {
-  std::unique_ptr<Replicator> replicator;  // replicas' leader only; outlives the store
-  std::unique_ptr<ReplicaService> replica;
+  std::unique_ptr<ReplicaService> replica;  // replicas' leader only (refuses batches)
   std::unique_ptr<MetaStore> store;
   std::unique_ptr<DatasetCatalog> catalog;
   std::unique_ptr<ChecksumLedger> checksums;
@@ -41,6 +40,9 @@ struct MetaServer::Parts {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<HttpServer> http;
   int port = 0;
+  // Replicas' leader only. Last: destroyed first (its catch-up thread uses the store), once the
+  // server no longer takes calls that write.
+  std::unique_ptr<Replicator> replicator;
 
   // Every 200 ms: lease expiries, the status page's samples, a full scheduler pass.
   std::thread loop;
@@ -83,7 +85,9 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   std::unique_ptr<MetaServer> server(new MetaServer());
   Parts& p = *server->parts_;
   ASSIGN_OR_RETURN(p.store, MetaStore::Open(options.data_dir + "/meta.rocksdb",
-                                            MetaStore::Options{options.reserve_bytes}));
+                                            MetaStore::Options{options.reserve_bytes,
+                                                               /*drop_orphans=*/
+                                                               options.leading.etcd == nullptr}));
   if (options.leading.etcd != nullptr) {
     Replicator::Options ro;
     ro.self_id = options.replica_id;
@@ -94,9 +98,10 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
     ro.store = p.store.get();
     ro.snapshot_dir = options.data_dir + "/snapshots";
     ro.keep_bytes = options.replica_keep_bytes;
+    ro.start_empty = p.store->Empty();
     p.replicator = std::make_unique<Replicator>(options.leading.etcd, ro, p.store->position(),
                                                 options.leading.lost);
-    p.store->Lead(options.leading.term, p.replicator.get());
+    RETURN_IF_ERROR(p.store->Lead(options.leading.term, p.replicator.get()));
     p.replica = std::make_unique<ReplicaService>(p.store.get(), options.token);
   }
   p.catalog = std::make_unique<DatasetCatalog>(p.store.get());

@@ -52,6 +52,15 @@ Replicator::~Replicator() {
   catch_up_.join();
 }
 
+void Replicator::Broken(const std::string& why) {
+  if (lost_) lost_(why);
+}
+
+bool Replicator::Stopping() {
+  absl::MutexLock lock(&stop_mu_);
+  return stop_;
+}
+
 std::vector<std::string> Replicator::InSync() {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
@@ -223,13 +232,14 @@ void Replicator::CatchUp(const std::string& id) {
   MetaStore::Position at = FromProto(pos.position());
   // Ship what it lacks from the recent batches, outside the lock (commits go on meanwhile),
   // then, under the lock, the last few and into the set.
-  for (int round = 0; round < 1000; round++) {
+  for (int round = 0; round < 1000 && !Stopping(); round++) {
     std::vector<rpc::ReplicaBatch> todo;
     bool found;
     {
       absl::MutexLock lock(&mu_);
       if (gone_) return;
-      found = at == first_prev_;
+      // {0, 0} is where every store starts: the same data only if this one was empty too.
+      found = at == first_prev_ && (options_.start_empty || !(at == MetaStore::Position{}));
       for (const Entry& e : recent_) {
         if (found) {
           todo.push_back(e.batch);
@@ -261,9 +271,11 @@ void Replicator::CatchUp(const std::string& id) {
     {
       absl::MutexLock lock(&mu_);
       if (todo.empty() && at == last_) {
-        // Current, and no commit can happen while the lock is held: into the set.
+        // Current, and no commit can happen while the lock is held: into the set. Shipped to
+        // from now on even if etcd's answer is lost (the key may be there): shipping to a
+        // replica outside the set is harmless, not shipping to one inside it is not.
+        f->in_sync = true;
         if (SetInSync(id, true)) {
-          f->in_sync = true;
           spdlog::info("meta replica {}: standby {} is in sync at {}/{}", options_.self_id, id,
                        at.term, at.seq);
         }
@@ -318,7 +330,13 @@ absl::StatusOr<MetaStore::Position> Replicator::SendSnapshot(const std::string& 
       chunk.clear_data();
       writer->Write(chunk);  // an empty file is a file too
     }
-    if (in.bad()) return absl::UnavailableError(absl::StrCat("cannot read ", e.path().string()));
+    if (in.bad() || Stopping()) {
+      ctx.TryCancel();  // the standby must not put a partial copy in place
+      writer->Finish().IgnoreError();
+      return absl::CancelledError(absl::StrCat(
+          "copy to ", id,
+          " not finished: ", in.bad() ? "cannot read " + e.path().string() : "this replica stops"));
+    }
   }
   writer->WritesDone();
   grpc::Status s = writer->Finish();

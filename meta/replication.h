@@ -12,6 +12,7 @@
 //   P leader          "ID ADDRESS" on the leader's lease; its create revision is the term
 //   P member/ID       ADDRESS on each replica's lease: who the leader should replicate to
 //   P in-sync/ID      present while replica ID holds every acknowledged write
+//   P initialized     created by the first leader of the cluster (before it, anyone may lead)
 #pragma once
 
 #include <chrono>
@@ -38,6 +39,8 @@ struct ReplicaKeys {
   std::string members() const { return prefix + "member/"; }
   std::string in_sync(const std::string& id) const { return prefix + "in-sync/" + id; }
   std::string in_syncs() const { return prefix + "in-sync/"; }
+  // Created by the first leader: from then on only in-sync replicas may lead.
+  std::string initialized() const { return prefix + "initialized"; }
 };
 
 class Replicator final : public MetaStore::Shipper {
@@ -57,6 +60,10 @@ class Replicator final : public MetaStore::Shipper {
     // (same file system as the store: hard links).
     MetaStore* store = nullptr;
     std::string snapshot_dir;
+    // The store held nothing when this replica began to lead: a standby at {0, 0} is then
+    // current. Otherwise {0, 0} is an empty store (or one from before replication) and gets a
+    // copy.
+    bool start_empty = false;
   };
   // `start`: the store's position when this replica began to lead. `lost`: called (once) when
   // this replica finds it no longer leads (it must stop serving). Starts the catch-up thread.
@@ -66,6 +73,7 @@ class Replicator final : public MetaStore::Shipper {
 
   absl::Status Ship(const MetaStore::Position& prev, const MetaStore::Position& at,
                     const std::string& batch, bool sync) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Broken(const std::string& why) override;
 
   // The replicas now in sync (not this one).
   std::vector<std::string> InSync() ABSL_LOCKS_EXCLUDED(mu_);
@@ -85,6 +93,7 @@ class Replicator final : public MetaStore::Shipper {
   bool SetInSync(const std::string& id, bool in_sync);
   void CatchUpLoop();
   void CatchUp(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Stopping() ABSL_LOCKS_EXCLUDED(stop_mu_);
   // Sends the follower a copy of the store. Returns: its position after installing it.
   absl::StatusOr<MetaStore::Position> SendSnapshot(const std::string& id, Follower& f);
 

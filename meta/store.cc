@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   store->nodes_ = store->handles_[4];
   store->locations_ = store->handles_[5];
   RETURN_IF_ERROR(store->ReadPosition());
+  if (!store_options.drop_orphans) return store;
   if (absl::Status st = store->DropOrphanManifests(); !st.ok()) {
     if (!absl::IsResourceExhausted(st)) return st;
     // Orphans cost only space; they go at a start with room to spare.
@@ -152,18 +153,40 @@ MetaStore::Position MetaStore::position() {
   return position_;
 }
 
-void MetaStore::Lead(uint64_t term, Shipper* shipper) {
+absl::Status MetaStore::Lead(uint64_t term, Shipper* shipper) {
   absl::MutexLock lock(&commit_mu_);
+  if (shipper != nullptr && term <= position_.term) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("term ", term, " is not after this store's ", position_.term,
+                     " (etcd's revisions went back: a new etcd, or another --etcd-prefix?)"));
+  }
   term_ = term;
   shipper_ = shipper;
+  return absl::OkStatus();
+}
+
+bool MetaStore::Empty() {
+  for (auto* h : handles_) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), h));
+    it->SeekToFirst();
+    if (it->Valid()) return false;
+  }
+  return true;
 }
 
 absl::Status MetaStore::Commit(rocksdb::WriteBatch* batch, bool sync, const std::string& what) {
   RETURN_IF_ERROR(CheckSpace());
   rocksdb::WriteOptions w;
   w.sync = sync;
+  bool replicating;
+  {
+    absl::MutexLock lock(&commit_mu_);
+    replicating = shipper_ != nullptr;
+  }
+  // Not replicating: concurrent writes stay concurrent (RocksDB groups their commits). A store
+  // starts replicating (Lead) before it serves anyone.
+  if (!replicating) return FromRocks(db_->Write(w, batch), what);
   absl::MutexLock lock(&commit_mu_);
-  if (shipper_ == nullptr) return FromRocks(db_->Write(w, batch), what);
   if (!ship_failed_.empty()) return absl::InternalError(ship_failed_);
   const Position prev = position_;
   const Position at{term_, prev.seq + 1};
@@ -174,7 +197,8 @@ absl::Status MetaStore::Commit(rocksdb::WriteBatch* batch, bool sync, const std:
   if (absl::Status st = FromRocks(db_->Write(w, batch), what); !st.ok()) {
     // The standbys are ahead of this store now: it can no longer lead.
     ship_failed_ = absl::StrCat("this meta replica could not write a batch its standbys hold (",
-                                st.message(), "); restart it so another replica leads");
+                                st.message(), ")");
+    shipper_->Broken(ship_failed_);  // another replica must lead
     return absl::InternalError(ship_failed_);
   }
   position_ = at;

@@ -52,6 +52,10 @@ class MetaStore {
   // Returns: Ok, or Internal / IOError text from RocksDB naming the directory.
   struct Options {
     uint64_t reserve_bytes = 64ull << 20;  // free space the data dir must keep for writes
+    // Drop manifests of scans that never finished. Not on meta replicas: a standby's store may
+    // be in the middle of a scan the leader is still shipping, and a leader's deletions at open
+    // would not reach its standbys (such orphans cost only space there).
+    bool drop_orphans = true;
   };
   static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir,
                                                          const Options& options);
@@ -151,10 +155,15 @@ class MetaStore {
     virtual ~Shipper() = default;
     virtual absl::Status Ship(const Position& prev, const Position& at, const std::string& batch,
                               bool sync) = 0;
+    // This store failed a write its standbys hold: it must not lead any more.
+    virtual void Broken(const std::string& why) = 0;
   };
-  // From now on every write is batch `seq + 1, + 2, ...` of `term` (> the position's term).
-  // REQUIRES: the shipper outlives the store, or is unset (nullptr) first.
-  void Lead(uint64_t term, Shipper* shipper) ABSL_LOCKS_EXCLUDED(commit_mu_);
+  // From now on every write is batch `seq + 1, + 2, ...` of `term`. Returns: Ok;
+  // FailedPrecondition when `term` is not after the position's term.
+  // REQUIRES: the shipper outlives the store's writes, or is unset (nullptr) first.
+  absl::Status Lead(uint64_t term, Shipper* shipper) ABSL_LOCKS_EXCLUDED(commit_mu_);
+  // Whether the store holds nothing at all (a new replica's).
+  bool Empty();
   // A standby's side: applies the leader's batch `at` if it follows on from this store's
   // position (`prev` == position()). Returns: Ok; FailedPrecondition when it does not follow
   // on (the leader then catches this standby up, or it needs a fresh copy); the write's errors.

@@ -143,9 +143,11 @@ TEST(MetaStoreTest, ReplicatedBatchesFollowOnOrAreRefused) {
       shipped.emplace_back(prev, at, batch);
       return standby->ApplyReplicated(prev, at, batch, sync);
     }
+    void Broken(const std::string&) override { broken = true; }
+    bool broken = false;
   } ship;
   ship.standby = standby->get();
-  (*leader)->Lead(3, &ship);
+  ASSERT_TRUE((*leader)->Lead(3, &ship).ok());
   ASSERT_TRUE((*leader)->PutDataset(MakeDataset(1, "a", {1})).ok());
   ASSERT_TRUE((*leader)->PutChecksums({{BlockAddr{1, 1, 1, 0}, 42}}).ok());
   EXPECT_EQ((*leader)->position(), (MetaStore::Position{3, 2}));
@@ -168,6 +170,8 @@ TEST(MetaStoreTest, ReplicatedBatchesFollowOnOrAreRefused) {
   auto reopened = MetaStore::Open(d.Sub("standby"));
   ASSERT_TRUE(reopened.ok());
   EXPECT_EQ((*reopened)->position(), (MetaStore::Position{3, 2}));
+  // A term that is not after the store's is refused.
+  EXPECT_TRUE(absl::IsFailedPrecondition((*leader)->Lead(3, &ship)));
   // A leader takes no batches.
   EXPECT_TRUE(absl::IsFailedPrecondition((*leader)->ApplyReplicated({3, 2}, {3, 3}, batch, false)));
 }

@@ -27,6 +27,19 @@ using testing::TempDir;
 
 const char kPrefix[] = "/ember-test/meta/";
 
+// Sets `stop` and joins the threads when the test ends, also when an ASSERT ends it early (a
+// joinable std::thread destroyed would end the whole test binary).
+struct JoinOnExit {
+  std::atomic<bool>* stop;
+  std::vector<std::thread*> threads;
+  ~JoinOnExit() {
+    *stop = true;
+    for (auto* t : threads) {
+      if (t->joinable()) t->join();
+    }
+  }
+};
+
 // Debian's etcd-server, where it installs it.
 const char kEtcd[] = "/usr/bin/etcd";
 bool HaveEtcd() { return access(kEtcd, X_OK) == 0; }
@@ -234,7 +247,9 @@ TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
   };
-  std::thread writer([&] {
+  std::thread writer;
+  JoinOnExit joiner{&stop, {&writer}};
+  writer = std::thread([&] {
     last_ok_ms = now_ms();
     for (uint64_t file = 1; !stop; file++) {
       auto r = client.RecordChecksums(Claims(file, 50));
@@ -293,9 +308,10 @@ TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
   }
 }
 
-// The scenario: nodes reading through their mounts, a prefetch running, a job placed
-// and a `dataset add` in flight when the leader is killed. Readers see no error, the prefetch
-// finishes, the job and every dataset acknowledged are on the new leader.
+// The scenario: nodes reading through their mounts, a prefetch running (of another
+// dataset, at 1 MiB/s from the origin: ~30 s), a job placed and a `dataset add` in flight when
+// the leader is killed. Readers see no error, the prefetch finishes, the job and every dataset
+// acknowledged are on the new leader.
 TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
   if (!HaveEtcd()) GTEST_SKIP() << "etcd is not installed (apt-get install etcd-server)";
   namespace fs = std::filesystem;
@@ -325,7 +341,15 @@ TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
       std::ofstream(absl::StrCat(many, "/", d, "/", i)) << i;
     }
   }
+  // What the prefetch warms: files nobody reads meanwhile, so it is still running at the kill.
+  const std::string warm = tmp.Sub("warm");
+  fs::create_directories(warm);
+  for (int i = 0; i < 16; i++) {
+    testing::WriteRandomFile(absl::StrCat(warm, "/w", i), (2 << 20) + i, 300 + i);
+  }
   auto r = ember({"dataset", "add", "ds", origin});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = ember({"dataset", "add", "pf", warm});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::vector<std::unique_ptr<testing::NodeProcess>> nodes;
   for (int i = 1; i <= 2; i++) {
@@ -350,20 +374,8 @@ TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
   std::atomic<bool> stop{false};
   std::atomic<int> reads{0}, errors{0};
   std::string first_error;
-  std::thread reader;
-  // Threads end before the test returns, also when an ASSERT ends it early.
-  struct Joiner {
-    std::atomic<bool>* stop;
-    std::vector<std::thread*> threads;
-    ~Joiner() {
-      *stop = true;
-      for (auto* t : threads) {
-        if (t->joinable()) t->join();
-      }
-    }
-  };
-  std::thread scan;
-  Joiner joiner{&stop, {&reader, &scan}};
+  std::thread reader, scan;
+  JoinOnExit joiner{&stop, {&reader, &scan}};
   reader = std::thread([&] {
     while (!stop) {
       for (int i = 0; i < 16 && !stop; i++) {
@@ -376,7 +388,7 @@ TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
     }
   });
   // A slow prefetch to both nodes (the origin at 1 MiB/s: ~30 s), a job, and a scan in flight.
-  r = ember({"prefetch", "ds", "--mode", "full", "--all", "--origin-rate", "1MiB", "--detach"});
+  r = ember({"prefetch", "pf", "--mode", "full", "--all", "--origin-rate", "1MiB", "--detach"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_EQ(r.out.rfind("prefetch ", 0), 0u) << r.out;  // "prefetch ID: ..."
   const std::string prefetch_id = r.out.substr(9, r.out.find(':') - 9);
@@ -420,15 +432,20 @@ TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
   EXPECT_EQ(placed->spec().name(), "train");
   auto datasets = client.ListDatasets();
   ASSERT_TRUE(datasets.ok());
-  EXPECT_EQ(datasets->size(), 2u);
+  EXPECT_EQ(datasets->size(), 3u);
   stop = true;
   reader.join();
   EXPECT_GT(reads.load(), 16);
   EXPECT_EQ(errors.load(), 0) << first_error;
-  // Every file reads whole on node 2 too (the prefetch put it there).
-  for (int i = 0; i < 16; i++) {
-    EXPECT_EQ(testing::ReadFile(absl::StrCat(nodes[1]->mount(), "/ds/f", i)),
-              testing::ReadFile(absl::StrCat(origin, "/f", i)));
+  // The prefetched files read whole on both nodes, the origin read once for the two.
+  uint64_t from_origin = 0;
+  for (const auto& n : job->nodes()) from_origin += n.bytes_from_origin();
+  EXPECT_EQ(from_origin, job->dataset_bytes()) << job->DebugString();
+  for (auto& n : nodes) {
+    for (int i = 0; i < 16; i++) {
+      EXPECT_EQ(testing::ReadFile(absl::StrCat(n->mount(), "/pf/w", i)),
+                testing::ReadFile(absl::StrCat(warm, "/w", i)));
+    }
   }
 }
 
@@ -554,7 +571,9 @@ TEST(MetaHaTest, RandomKillsOfReplicasAndEtcdMembersLoseNoAcknowledgedWrite) {
   std::atomic<int> conflicts{0};
   std::vector<uint64_t> acked;
   absl::Mutex acked_mu;
-  std::thread writer([&] {
+  std::thread writer;
+  JoinOnExit joiner{&stop, {&writer}};
+  writer = std::thread([&] {
     for (uint64_t b = 1; !stop; b++) {
       auto r = client.RecordChecksums(Claims(b, 20));
       if (!r.ok()) continue;
