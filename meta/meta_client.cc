@@ -87,18 +87,16 @@ class MetaClient::Impl {
   // After a failed call at endpoint `at`: whether to try again, and where. A replica that is
   // not the leader names it (follow it); an unreachable one makes way for the next address.
   // Waits a little once every address has been tried (an election takes a few seconds).
-  bool Retry(const grpc::Status& s, size_t at, int* attempts,
+  bool Retry(const grpc::Status& s, const grpc::ClientContext* ctx, size_t at, int* attempts,
              std::chrono::steady_clock::time_point deadline) {
     const bool not_leader = s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
                             absl::StartsWith(s.error_message(), "not the leader");
-    // Unreachable, or a replica that lost the lead mid-call: the call did not happen there.
-    // (Meta's own Unavailable errors, e.g. a failing disk, are answers: not tried elsewhere.)
-    const std::string& m = s.error_message();
-    const bool unreachable =
-        s.error_code() == grpc::StatusCode::UNAVAILABLE &&
-        (absl::StrContains(m, "failed to connect") || absl::StrContains(m, "Connection refused") ||
-         absl::StrContains(m, "Socket closed") || absl::StrContains(m, "Connection reset") ||
-         absl::StrContains(m, "Broken pipe") || absl::StrContains(m, "no longer leads"));
+    // Unreachable (no answer from meta itself), or a replica that lost the lead mid-call: the
+    // call did not happen there. Meta's own Unavailable errors (a failing disk) are answers.
+    const bool answered =
+        ctx != nullptr && ctx->GetServerTrailingMetadata().count(kAnsweredMetadataKey) > 0;
+    const bool unreachable = s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                             (!answered || absl::StrContains(s.error_message(), "no longer leads"));
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && endpoints.size() > 1) {
       // A replica that hangs (stopped, cut off): the call may have happened, so it is not
       // tried again, but the next one goes elsewhere.
@@ -147,7 +145,7 @@ class MetaClient::Impl {
       Resp resp;
       grpc::Status s = (endpoints[at].stub.get()->*fn)(&ctx, req, &resp);
       if (s.ok()) return resp;
-      if (Retry(s, at, &attempts, deadline)) continue;
+      if (Retry(s, &ctx, at, &attempts, deadline)) continue;
       errors->Inc();
       return Convert(s, endpoints[at].address);
     }
@@ -176,7 +174,7 @@ class MetaClient::Impl {
       }
       grpc::Status s = reader->Finish();
       // Only a scan that never started goes elsewhere (one that did may have written).
-      if (!s.ok() && !any && Retry(s, at, &attempts, deadline)) continue;
+      if (!s.ok() && !any && Retry(s, &ctx, at, &attempts, deadline)) continue;
       if (!s.ok()) return Convert(s, endpoints[at].address);
       if (!done) return absl::InternalError("meta ended the scan without a result");
       return last;
@@ -388,7 +386,8 @@ absl::StatusOr<rpc::WatchPrefetchesResponse> MetaClient::WatchPrefetches(
   if (!s.ok()) {
     // The caller polls again: let that poll go where the leader is.
     int attempts = 0;
-    impl_->Retry(s, at, &attempts, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    impl_->Retry(s, &ctx, at, &attempts,
+                 std::chrono::steady_clock::now() + std::chrono::seconds(1));
     return impl_->Convert(s, impl_->endpoints[at].address);
   }
   return resp;

@@ -22,6 +22,8 @@ inline constexpr char kDefaultMetaAddress[] = "127.0.0.1:7370";
 // How a client proves the cluster token: gRPC metadata `authorization: Bearer TOKEN`.
 inline constexpr char kAuthMetadataKey[] = "authorization";
 inline constexpr char kBearerPrefix[] = "Bearer ";
+// Trailing metadata on every status meta itself returns (not on a transport's failure).
+inline constexpr char kAnsweredMetadataKey[] = "ember-answered";
 
 // What a client needs to reach a secured meta. Both empty: plaintext, no token.
 struct MetaCredentials {

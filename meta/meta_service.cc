@@ -82,6 +82,9 @@ absl::Status MetaService::Authorize(grpc::ServerContext* ctx) {
 grpc::Status MetaService::Serve(grpc::ServerContext* ctx, const char* method,
                                 const std::function<absl::Status()>& body) {
   metrics::Timer timer(RpcHistogram(method));
+  // Marks the status as meta's answer: a client tells it from a failed transport (and tries
+  // another replica only for the latter).
+  ctx->AddTrailingMetadata(kAnsweredMetadataKey, "1");
   if (absl::Status denied = Authorize(ctx); !denied.ok()) return ToGrpc(denied);
   return ToGrpc(body());
 }

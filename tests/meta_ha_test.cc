@@ -152,6 +152,21 @@ uint64_t g_file_id = 0;
 BlockAddr Claimed(uint64_t batch, uint64_t i, uint64_t n) {
   return BlockAddr{1, 1, g_file_id, batch * n + i};
 }
+// Adds dataset "d1": one sparse 8 TiB file (2,097,152 blocks) under `dir`, and notes its id.
+absl::Status AddClaimsDataset(meta::MetaClient& client, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/a.bin").put('x');
+  std::filesystem::resize_file(dir + "/a.bin", 1ull << 43);
+  auto added = client.AddDataset("d1", dir, 0);
+  if (!added.ok()) return added.status();
+  g_file_id = 0;
+  absl::Status st = client.ForEachManifestEntry("d1", 0, [](const rpc::FileEntry& e) {
+    if (e.type() == rpc::FileEntry::FILE) g_file_id = e.file_id();
+  });
+  if (st.ok() && g_file_id == 0) st = absl::InternalError("no file in d1's manifest");
+  return st;
+}
+
 rpc::RecordChecksumsRequest Claims(uint64_t batch, uint64_t n) {
   rpc::RecordChecksumsRequest req;
   for (uint64_t i = 0; i < n; i++) {
@@ -198,28 +213,14 @@ TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
   };
 
   // A dataset and claims through whichever replica leads; standbys join the in-sync set.
-  std::filesystem::create_directories(tmp.Sub("origin"));
-  {
-    std::ofstream(tmp.Sub("origin/a.bin")).put('x');
-    std::filesystem::resize_file(tmp.Sub("origin/a.bin"), 1ull << 40);  // 262,144 blocks
-  }
   auto logs = [&] {
     std::string out;
     for (auto& r : replicas)
       absl::StrAppend(&out, "---- ", r->id(), "\n", r->process().Stdout(), r->process().Stderr());
     return out;
   };
-  auto added = client.AddDataset("d1", tmp.Sub("origin"), 0);
-  ASSERT_TRUE(added.ok()) << added.status() << "\n" << logs();
-  ASSERT_TRUE(client
-                  .ForEachManifestEntry("d1", 0,
-                                        [](const rpc::FileEntry& e) {
-                                          if (e.type() == rpc::FileEntry::FILE) {
-                                            g_file_id = e.file_id();
-                                          }
-                                        })
-                  .ok());
-  ASSERT_NE(g_file_id, 0u);
+  absl::Status added = AddClaimsDataset(client, tmp.Sub("origin"));
+  ASSERT_TRUE(added.ok()) << added << "\n" << logs();
   ASSERT_TRUE(
       testing::WaitFor([&] { return InSync(etcd.client()) == 3; }, std::chrono::seconds(20)))
       << "in sync: " << InSync(etcd.client());
@@ -470,20 +471,7 @@ TEST(MetaHaTest, AReplicaFarBehindGetsACopyOfTheStore) {
     }
   }
   meta::MetaClient client(all, std::chrono::seconds(15));
-  std::filesystem::create_directories(tmp.Sub("origin"));
-  {
-    std::ofstream(tmp.Sub("origin/a.bin")).put('x');
-    std::filesystem::resize_file(tmp.Sub("origin/a.bin"), 1ull << 40);
-  }
-  ASSERT_TRUE(client.AddDataset("d1", tmp.Sub("origin"), 0).ok());
-  ASSERT_TRUE(client
-                  .ForEachManifestEntry("d1", 0,
-                                        [](const rpc::FileEntry& e) {
-                                          if (e.type() == rpc::FileEntry::FILE) {
-                                            g_file_id = e.file_id();
-                                          }
-                                        })
-                  .ok());
+  ASSERT_TRUE(AddClaimsDataset(client, tmp.Sub("origin")).ok());
   std::vector<uint64_t> batches;
   for (uint64_t b = 1; b <= 20; b++) {
     ASSERT_TRUE(client.RecordChecksums(Claims(b, 50)).ok());
@@ -551,20 +539,7 @@ TEST(MetaHaTest, RandomKillsOfReplicasAndEtcdMembersLoseNoAcknowledgedWrite) {
     all += (all.empty() ? "" : ",") + replicas.back()->address();
   }
   meta::MetaClient client(all, std::chrono::seconds(15));
-  std::filesystem::create_directories(tmp.Sub("origin"));
-  {
-    std::ofstream(tmp.Sub("origin/a.bin")).put('x');
-    std::filesystem::resize_file(tmp.Sub("origin/a.bin"), 1ull << 40);
-  }
-  ASSERT_TRUE(client.AddDataset("d1", tmp.Sub("origin"), 0).ok());
-  ASSERT_TRUE(client
-                  .ForEachManifestEntry("d1", 0,
-                                        [](const rpc::FileEntry& e) {
-                                          if (e.type() == rpc::FileEntry::FILE) {
-                                            g_file_id = e.file_id();
-                                          }
-                                        })
-                  .ok());
+  ASSERT_TRUE(AddClaimsDataset(client, tmp.Sub("origin")).ok());
   ASSERT_TRUE(testing::WaitFor([&] { return InSync(*etcd) == 3; }, std::chrono::seconds(30)));
 
   std::atomic<bool> stop{false};
@@ -610,6 +585,9 @@ TEST(MetaHaTest, RandomKillsOfReplicasAndEtcdMembersLoseNoAcknowledgedWrite) {
   stop = true;
   writer.join();
   EXPECT_EQ(conflicts.load(), 0);
+  // The last kill may have been the leader's: wait for its successor to answer.
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return client.ListDatasets().ok(); }, std::chrono::seconds(20)));
   absl::MutexLock lock(&acked_mu);
   ASSERT_GT(acked.size(), 50u);
   ExpectClaims(client, acked, 20);
