@@ -88,6 +88,7 @@ class Etcd {
     process_->Signal(SIGKILL);
     process_->Wait();
   }
+  std::string Log() const { return process_->Stdout() + process_->Stderr(); }
 
  private:
   std::string dir_, name_, address_, peer_url_, cluster_;
@@ -529,7 +530,15 @@ TEST(MetaHaTest, RandomKillsOfReplicasAndEtcdMembersLoseNoAcknowledgedWrite) {
   }
   const std::string endpoints = absl::StrJoin(addresses, ",");
   auto etcd = *meta::EtcdClient::Connect(endpoints);
-  ASSERT_TRUE(testing::WaitFor([&] { return etcd->Get("x").ok(); }, std::chrono::seconds(30)));
+  absl::Status etcd_status;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        etcd_status = etcd->Get("x").status();
+        return etcd_status.ok();
+      },
+      std::chrono::seconds(90)))
+      << etcd_status << "\n"
+      << members[0]->Log().substr(0, 4000);
   std::vector<std::unique_ptr<Replica>> replicas;
   std::string all;
   for (int i = 1; i <= 3; i++) {
