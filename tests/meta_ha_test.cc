@@ -65,8 +65,11 @@ class Etcd {
                                  "http://" + address_, "--advertise-client-urls",
                                  "http://" + address_, "--listen-peer-urls", peer_url_,
                                  "--initial-advertise-peer-urls", peer_url_, "--initial-cluster",
-                                 cluster_, "--heartbeat-interval", "100", "--election-timeout",
-                                 "1000"},
+                                 cluster_,
+                                 // Tolerant of a loaded machine (the suite runs tests side by
+                                 // side on two cores): a starved member must not keep calling
+                                 // elections.
+                                 "--heartbeat-interval", "250", "--election-timeout", "2500"},
         absl::StrCat(dir_, ".", starts_++));
     if (!wait) return;
     EXPECT_TRUE(
