@@ -70,13 +70,17 @@ std::vector<std::string> Replicator::InSync() {
   return out;
 }
 
+void Replicator::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!options_.token.empty()) {
+    ctx->AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
+  }
+}
+
 absl::StatusOr<rpc::ReplicaApplyResponse> Replicator::Send(Follower& f,
                                                            const rpc::ReplicaBatch& b) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
-  if (!options_.token.empty()) {
-    ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
-  }
+  Prepare(&ctx, options_.ack_timeout);
   rpc::ReplicaApplyResponse resp;
   grpc::Status s = f.stub->Apply(&ctx, b, &resp);
   if (!s.ok()) {
@@ -140,10 +144,7 @@ absl::Status Replicator::Ship(const MetaStore::Position& prev, const MetaStore::
   auto answers = std::make_shared<Answers>();
   answers->want = calls.size();
   for (auto& c : calls) {
-    c->ctx.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
-    if (!options_.token.empty()) {
-      c->ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
-    }
+    Prepare(&c->ctx, options_.ack_timeout);
     c->f->stub->async()->Apply(&c->ctx, &e.batch, &c->resp,
                                [answers, call = c.get()](grpc::Status st) {
                                  absl::MutexLock lock(&answers->mu);
@@ -223,10 +224,7 @@ void Replicator::CatchUp(const std::string& id) {
     f = followers_[id];
   }
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
-  if (!options_.token.empty()) {
-    ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
-  }
+  Prepare(&ctx, options_.ack_timeout);
   rpc::ReplicaApplyResponse pos;
   if (!f->stub->Position(&ctx, rpc::ReplicaPositionRequest(), &pos).ok()) return;
   MetaStore::Position at = FromProto(pos.position());
@@ -306,10 +304,7 @@ absl::StatusOr<MetaStore::Position> Replicator::SendSnapshot(const std::string& 
     }
   } cleanup{dir};
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
-  if (!options_.token.empty()) {
-    ctx.AddMetadata(kAuthMetadataKey, absl::StrCat(kBearerPrefix, options_.token));
-  }
+  Prepare(&ctx, std::chrono::minutes(30));
   rpc::ReplicaApplyResponse resp;
   auto writer = f.stub->Install(&ctx, &resp);
   uint64_t bytes = 0;

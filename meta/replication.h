@@ -88,6 +88,8 @@ class Replicator final : public MetaStore::Shipper {
     bool in_sync = false;
     std::chrono::steady_clock::time_point next_snapshot{};
   };
+  // A call's deadline and the cluster token.
+  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   absl::StatusOr<rpc::ReplicaApplyResponse> Send(Follower& f, const rpc::ReplicaBatch& b);
   // Puts (or deletes) P in-sync/ID if this replica still leads. Returns: whether it did.
   bool SetInSync(const std::string& id, bool in_sync);
