@@ -9,6 +9,8 @@
 #      200,000 files through the replicated leader, and META_KILLS (default 20) kill -9s of the
 #      leader, each timed until a write (`dataset add` of a one-file set, through a client given
 #      all three addresses) is acknowledged again; the killed replica restarts between kills.
+#  Both (a) and (c) time metadata RPCs one at a time (bench/meta_rpc_bench.cc): reads (GetDataset,
+#  Locate) and writes (a checksum claim batch: synced and replicated; a block report).
 # Usage: bench/bench_meta_ha.sh [BUILD]; KILLS (default 10). Needs etcd-server and etcd-client
 # (Debian's 3.4). Writes a table to BUILD/bench/meta_ha.md; --json prints it as JSON.
 set -euo pipefail
@@ -54,6 +56,17 @@ say "dataset add of the tiny set (200,000 files)"
 find "$TINY" > /dev/null  # both adds below walk a tree whose inodes are in memory
 t0=$(now); "$B/ember" dataset add tiny "$TINY" > /dev/null; t1=$(now)
 row "dataset add, 200,000 files (one meta)" "$(secs "$t0" "$t1") s" ""
+# Metadata RPC latency, one call at a time (build/bin/meta_rpc_bench): rows per call.
+rpc_rows() {  # LABEL ADDRESSES
+  local out
+  out=$("$B/meta_rpc_bench" "$2" "$WORK/rpc-origin" 2000 --json)
+  while IFS='|' read -r call p50 p99; do
+    row "$call latency, $1 (median / p99)" "$p50 us / $p99 us" "2,000 calls, one at a time"
+  done < <(echo "$out" | python3 -c 'import json,sys
+for f in json.load(sys.stdin): print("%s|%d|%d" % (f["call"], f["p50_us"], f["p99_us"]))')
+}
+say "metadata RPC latency, one meta"
+rpc_rows "one meta" "$EMBER_META"
 best=""; worst=0
 for i in 1 2 3; do
   kill -9 "$META_PID"; wait "$META_PID" 2>/dev/null || true
@@ -165,6 +178,8 @@ until [ "$(in_sync)" = 3 ]; do sleep 0.1; done
 say "dataset add of the tiny set through the replicated leader"
 t0=$(now); "$B/ember" dataset add tiny "$TINY" > /dev/null; t1=$(now)
 row "dataset add, 200,000 files (3 replicas)" "$(secs "$t0" "$t1") s" "every batch on both standbys before it is acknowledged"
+say "metadata RPC latency, 3 replicas"
+rpc_rows "3 replicas" "$ALL"
 ONE=$WORK/one; mkdir -p "$ONE"; echo x > "$ONE/x"
 META_KILLS=${META_KILLS:-20}
 times=()

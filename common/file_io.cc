@@ -1,8 +1,12 @@
 #include "common/file_io.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 
 namespace ember {
 
@@ -15,6 +19,18 @@ bool PreadFull(int fd, uint64_t offset, size_t len, char* buf) {
     done += static_cast<size_t>(n);
   }
   return true;
+}
+
+absl::Status SyncPath(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  int err = 0;
+  if (fsync(fd) != 0) err = errno;
+  close(fd);
+  if (err != 0)
+    return absl::UnavailableError(absl::StrCat("cannot sync ", path, ": ", strerror(err)));
+  return absl::OkStatus();
 }
 
 }  // namespace ember

@@ -1,14 +1,21 @@
-// Small file I/O helpers shared by the cache (cachefs/cache/) and the RDMA server
-// (transport/rdma/). Thread-safe (no state).
+// Small file I/O helpers shared by the cache (cachefs/cache/), the RDMA server (transport/rdma/)
+// and meta replicas (meta/replication.cc). Thread-safe (no state).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
 
 namespace ember {
 
 // Reads exactly len bytes at offset (retrying short reads and EINTR). Returns: false on an error
 // or EOF.
 bool PreadFull(int fd, uint64_t offset, size_t len, char* buf);
+
+// fsync of a file or a directory (its entries) by path. Returns: Ok; Unavailable naming the
+// path and the error.
+absl::Status SyncPath(const std::string& path);
 
 }  // namespace ember

@@ -172,7 +172,13 @@ absl::Status JobService::CommitLocked(rpc::Job* j, rpc::Job next) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<rpc::Job> JobService::Submit(const rpc::JobSpec& in) {
+absl::StatusOr<rpc::Job> JobService::Submit(const rpc::JobSpec& in, const std::string& request_id) {
+  if (!request_id.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, j] : jobs_) {
+      if (j.request_id() == request_id) return j;
+    }
+  }
   RETURN_IF_ERROR(ValidateSpec(in));
   rpc::Job job;
   *job.mutable_spec() = in;
@@ -219,6 +225,7 @@ absl::StatusOr<rpc::Job> JobService::Submit(const rpc::JobSpec& in) {
     job.set_id(absl::StrCat("job-", next_job_++));
     job.set_state(rpc::Job::QUEUED);
     job.set_submitted_unix_ms(NowUnixMs());
+    job.set_request_id(request_id);
     Event(&job, "submitted");
     RETURN_IF_ERROR(store_->PutJob(job));
     id = job.id();
@@ -245,17 +252,20 @@ rpc::ListJobsResponse JobService::List() {
   return resp;
 }
 
-absl::StatusOr<rpc::Job> JobService::End(const std::string& ref, rpc::Job::State state) {
+absl::StatusOr<rpc::Job> JobService::End(const std::string& ref, rpc::Job::State state,
+                                         const std::string& request_id) {
   rpc::Job out;
   {
     absl::MutexLock lock(&mu_);
     rpc::Job* j = FindLocked(ref);
     if (j == nullptr) return UnknownJob(ref);
     if (j->state() == rpc::Job::COMPLETED || j->state() == rpc::Job::CANCELLED) {
+      if (!request_id.empty() && j->end_request_id() == request_id) return *j;
       return absl::FailedPreconditionError(absl::StrCat("job '", ref, "' has already ended"));
     }
     rpc::Job next = *j;
     next.set_state(state);
+    next.set_end_request_id(request_id);
     Event(&next, state == rpc::Job::COMPLETED ? "completed" : "cancelled");
     RETURN_IF_ERROR(CommitLocked(j, std::move(next)));
     for (const auto& w : j->workers()) {

@@ -47,14 +47,17 @@ class JobService {
 
   // Queues a job and places it at once if it fits. Returns: the job; InvalidArgument (spec);
   // NotFound (dataset); FailedPrecondition (the gang could never fit the live cluster); the
-  // store's errors.
-  absl::StatusOr<rpc::Job> Submit(const rpc::JobSpec& spec);
+  // store's errors. A `request_id` (the client's, for one call however often it is retried) that
+  // submitted a job before gets that job back.
+  absl::StatusOr<rpc::Job> Submit(const rpc::JobSpec& spec, const std::string& request_id = "");
   // By id, or by name (the newest job of that name). Returns: the job; NotFound.
   absl::StatusOr<rpc::Job> Get(const std::string& ref);
   rpc::ListJobsResponse List();
   // Completes or cancels a job, freeing its GPUs. Returns: the job; NotFound;
-  // FailedPrecondition (already ended); the store's errors.
-  absl::StatusOr<rpc::Job> End(const std::string& ref, rpc::Job::State state);
+  // FailedPrecondition (already ended, unless by this `request_id`: a retried call); the store's
+  // errors.
+  absl::StatusOr<rpc::Job> End(const std::string& ref, rpc::Job::State state,
+                               const std::string& request_id = "");
 
   // One scheduler pass: with `full`, recover workers of dead nodes and start warmed jobs; always
   // place queued jobs that fit. Called by meta's loop every 200 ms and after submit/end.

@@ -89,6 +89,39 @@ TEST_F(JobServiceTest, PlacesWhereTheDataIsQueuesAndFreesGpus) {
   EXPECT_EQ(d->state(), rpc::Job::QUEUED);
 }
 
+// Submits and ends retried on another replica after a lost answer (same request id) are
+// answered with what the first attempt did, also after a reload (the new leader's).
+TEST_F(JobServiceTest, RetriedSubmitsAndEndsAreAnsweredWithTheFirstAttempt) {
+  std::string id;
+  {
+    Units u(store_.get());
+    AddDataset(&u.catalog, "imgs");
+    Register(&u, "n1", 8);
+    auto a = u.jobs.Submit(Spec("a", 1, 8), "sub-1");
+    ASSERT_TRUE(a.ok()) << a.status();
+    id = a->id();
+    auto again = u.jobs.Submit(Spec("a", 1, 8), "sub-1");
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->id(), id);
+    EXPECT_EQ(u.jobs.List().jobs_size(), 1);
+  }
+  Units u(store_.get());
+  ASSERT_TRUE(u.Load().ok());
+  auto retried = u.jobs.Submit(Spec("a", 1, 8), "sub-1");
+  ASSERT_TRUE(retried.ok());
+  EXPECT_EQ(retried->id(), id);
+  EXPECT_EQ(u.jobs.List().jobs_size(), 1);
+  ASSERT_TRUE(u.jobs.End(id, rpc::Job::COMPLETED, "end-1").ok());
+  auto ended = u.jobs.End(id, rpc::Job::COMPLETED, "end-1");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), rpc::Job::COMPLETED);
+  // Another call to end it is refused as before.
+  EXPECT_EQ(u.jobs.End(id, rpc::Job::CANCELLED, "end-2").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(u.jobs.End(id, rpc::Job::CANCELLED).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(JobServiceTest, ARefusedSubmitOrEndChangesNothing) {
   {
     Units u(store_.get());

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "common/status.h"
 #include "meta/etcd_client.h"
 #include "meta/replication.h"
@@ -105,6 +106,7 @@ absl::Status MetaMember::StartStandby() {
     if (!e) fs::rename(dir, path, e);
     if (e)
       return absl::InternalError(absl::StrCat("cannot put the store copy in place: ", e.message()));
+    RETURN_IF_ERROR(SyncPath(options_.data_dir));  // the swap itself survives a power loss
     fs::remove_all(old, e);
     ASSIGN_OR_RETURN(store_, MetaStore::Open(path, MetaStore::Options{options_.reserve_bytes}));
     const MetaStore::Position at = store_->position();
@@ -115,7 +117,9 @@ absl::Status MetaMember::StartStandby() {
   replica_ = std::make_unique<ReplicaService>(store_.get(), options_.token, incoming, install);
   not_leader_ = std::make_unique<NotLeader>(this);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, ServerCredentials(options_));
+  RETURN_IF_ERROR(ReplicaChannelCredentials(options_).status());  // refused now, not at lead
+  builder.AddListeningPort(options_.listen, creds, &port_);
   builder.RegisterService(replica_.get());
   builder.RegisterCallbackGenericService(not_leader_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);

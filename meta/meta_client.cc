@@ -2,9 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <random>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -42,22 +45,43 @@ class MetaClient::Impl {
     }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    // Reconnect quickly after meta restarts.
+    // Reconnect quickly after meta restarts. MIN_RECONNECT_BACKOFF is gRPC's connect timeout:
+    // long enough for a TLS handshake on a busy host (at 100 ms they were cut off), short enough
+    // that a call queued on an address that does not answer fails over within a second.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // Several addresses: meta replicas (member.h), one of which leads.
-    for (absl::string_view a : absl::StrSplit(addresses, ',', absl::SkipWhitespace())) {
+    const std::vector<std::string> list = absl::StrSplit(addresses, ',', absl::SkipWhitespace());
+    if (list.size() > 1) {
+      // A leader that hangs (stopped, its host cut off) is given up within ~5 s by a call in
+      // flight, which then goes to the next replica, rather than at the call's deadline.
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+      args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    }
+    for (const std::string& a : list) {
       std::string addr(absl::StripAsciiWhitespace(a));
       auto channel = grpc::CreateCustomChannel(addr, channel_creds, args);
-      endpoints.push_back({addr, rpc::Meta::NewStub(channel)});
+      endpoints.push_back({addr, channel, rpc::Meta::NewStub(channel)});
     }
     if (endpoints.empty()) init_error = absl::InvalidArgumentError("no meta address given");
+    keeper = std::thread([this] { KeepConnecting(); });
+  }
+  ~Impl() {
+    stopping = true;
+    keeper.join();
   }
 
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds t) const {
     ctx->set_deadline(std::chrono::system_clock::now() + t);
     if (!bearer.empty()) ctx->AddMetadata(kAuthMetadataKey, bearer);
+  }
+
+  // A new id for one call and its retries: 128 random bits in hex.
+  static std::string NewRequestId() {
+    thread_local std::mt19937_64 gen(std::random_device{}());
+    return absl::StrCat(absl::Hex(gen(), absl::kZeroPad16), absl::Hex(gen(), absl::kZeroPad16));
   }
 
   absl::Status Convert(const grpc::Status& s, const std::string& at) const {
@@ -78,8 +102,28 @@ class MetaClient::Impl {
 
   struct Endpoint {
     std::string address;
+    std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<rpc::Meta::Stub> stub;
   };
+  // Keeps reconnecting endpoints moving: a call fails at once while its channel is down (so a
+  // caller is never held up by a dead replica), and then nothing in this process polled the
+  // channel's reconnection attempts; a TLS handshake (which needs this process to read the
+  // server's answers) timed out again and again, and a client that had seen every replica go
+  // down once never got back. While an endpoint is connecting, this thread waits on it.
+  void KeepConnecting() {
+    while (!stopping.load()) {
+      bool waited = false;
+      for (const Endpoint& e : endpoints) {
+        const grpc_connectivity_state st = e.channel->GetState(/*try_to_connect=*/false);
+        if (st != GRPC_CHANNEL_TRANSIENT_FAILURE && st != GRPC_CHANNEL_CONNECTING) continue;
+        e.channel->WaitForStateChange(
+            st, std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+        waited = true;
+      }
+      if (!waited) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
   size_t Current() {
     absl::MutexLock lock(&current_mu);
     return current;
@@ -87,8 +131,9 @@ class MetaClient::Impl {
   // After a failed call at endpoint `at`: whether to try again, and where. A replica that is
   // not the leader names it (follow it); an unreachable one makes way for the next address.
   // Waits a little once every address has been tried (an election takes a few seconds).
+  // Sets *maybe_applied when the failed call may have happened there all the same.
   bool Retry(const grpc::Status& s, const grpc::ClientContext* ctx, size_t at, int* attempts,
-             std::chrono::steady_clock::time_point deadline) {
+             std::chrono::steady_clock::time_point deadline, bool* maybe_applied) {
     const bool not_leader = s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
                             absl::StartsWith(s.error_message(), "not the leader");
     // Unreachable (no answer from meta itself), or a replica that lost the lead mid-call: the
@@ -106,6 +151,7 @@ class MetaClient::Impl {
     }
     if (!not_leader && !(unreachable && endpoints.size() > 1)) return false;
     if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (unreachable) *maybe_applied = true;
     size_t next = (at + 1) % endpoints.size();
     if (auto pos = s.error_message().find("leader is "); not_leader && pos != std::string::npos) {
       const std::string named = s.error_message().substr(pos + 10);
@@ -123,8 +169,16 @@ class MetaClient::Impl {
     return true;
   }
 
+  // Calls that change something and are not naturally repeatable carry a request id, the same
+  // on each retry: meta answers a repeat with what the first one did (a prefetch or job started
+  // once). `maybe_applied`: set when a retry followed an attempt that may have happened.
+  template <typename Req>
+  static constexpr bool kKeyed =
+      std::is_same_v<Req, rpc::PrefetchSpec> || std::is_same_v<Req, rpc::JobSpec> ||
+      std::is_same_v<Req, rpc::JobRef>;
+
   template <typename Req, typename Resp, typename Fn>
-  absl::StatusOr<Resp> Unary(const Req& req, Fn fn) {
+  absl::StatusOr<Resp> Unary(const Req& req, Fn fn, bool* maybe_applied = nullptr) {
     if (!init_error.ok()) return init_error;
     // Per request type (the RPC's name, for every RPC but the few sharing one).
     static metrics::Histogram* const latency = metrics::Global().GetHistogram(
@@ -136,16 +190,21 @@ class MetaClient::Impl {
     metrics::Timer timer(latency);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     int attempts = 0;
+    std::string request_id;
+    if constexpr (kKeyed<Req>) request_id = NewRequestId();
+    bool applied_unused = false;
+    if (maybe_applied == nullptr) maybe_applied = &applied_unused;
     for (;;) {
       const size_t at = Current();
       grpc::ClientContext ctx;
       Prepare(&ctx, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
                                  deadline - std::chrono::steady_clock::now()),
                              std::chrono::milliseconds(1)));
+      if (!request_id.empty()) ctx.AddMetadata(kRequestIdMetadataKey, request_id);
       Resp resp;
       grpc::Status s = (endpoints[at].stub.get()->*fn)(&ctx, req, &resp);
       if (s.ok()) return resp;
-      if (Retry(s, &ctx, at, &attempts, deadline)) continue;
+      if (Retry(s, &ctx, at, &attempts, deadline, maybe_applied)) continue;
       errors->Inc();
       return Convert(s, endpoints[at].address);
     }
@@ -174,7 +233,8 @@ class MetaClient::Impl {
       }
       grpc::Status s = reader->Finish();
       // Only a scan that never started goes elsewhere (one that did may have written).
-      if (!s.ok() && !any && Retry(s, &ctx, at, &attempts, deadline)) continue;
+      bool maybe_applied = false;
+      if (!s.ok() && !any && Retry(s, &ctx, at, &attempts, deadline, &maybe_applied)) continue;
       if (!s.ok()) return Convert(s, endpoints[at].address);
       if (!done) return absl::InternalError("meta ended the scan without a result");
       return last;
@@ -192,6 +252,8 @@ class MetaClient::Impl {
   absl::Mutex watch_mu;
   std::set<grpc::ClientContext*> watches ABSL_GUARDED_BY(watch_mu);
   bool watches_cancelled ABSL_GUARDED_BY(watch_mu) = false;
+  std::atomic<bool> stopping{false};
+  std::thread keeper;  // KeepConnecting; last: started when everything above is ready
 };
 
 MetaClient::MetaClient(const std::string& address, std::chrono::milliseconds timeout)
@@ -238,10 +300,15 @@ absl::Status MetaClient::RemoveDataset(const std::string& name, uint32_t version
   rpc::RemoveDatasetRequest req;
   req.set_name(name);
   req.set_version(version);
-  return impl_
-      ->Unary<rpc::RemoveDatasetRequest, rpc::RemoveDatasetResponse>(
-          req, &rpc::Meta::Stub::RemoveDataset)
-      .status();
+  bool maybe_applied = false;
+  absl::Status st = impl_
+                        ->Unary<rpc::RemoveDatasetRequest, rpc::RemoveDatasetResponse>(
+                            req, &rpc::Meta::Stub::RemoveDataset, &maybe_applied)
+                        .status();
+  // Retried on another replica after an attempt that may have removed it (the old leader died
+  // before answering): not finding it then is the removal having happened.
+  if (absl::IsNotFound(st) && maybe_applied) return absl::OkStatus();
+  return st;
 }
 
 absl::StatusOr<rpc::ListManifestResponse> MetaClient::ListManifestPage(const std::string& name,
@@ -386,8 +453,9 @@ absl::StatusOr<rpc::WatchPrefetchesResponse> MetaClient::WatchPrefetches(
   if (!s.ok()) {
     // The caller polls again: let that poll go where the leader is.
     int attempts = 0;
-    impl_->Retry(s, &ctx, at, &attempts,
-                 std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    bool maybe_applied = false;  // a read
+    impl_->Retry(s, &ctx, at, &attempts, std::chrono::steady_clock::now() + std::chrono::seconds(1),
+                 &maybe_applied);
     return impl_->Convert(s, impl_->endpoints[at].address);
   }
   return resp;

@@ -24,6 +24,9 @@ inline constexpr char kAuthMetadataKey[] = "authorization";
 inline constexpr char kBearerPrefix[] = "Bearer ";
 // Trailing metadata on every status meta itself returns (not on a transport's failure).
 inline constexpr char kAnsweredMetadataKey[] = "ember-answered";
+// A client's id for one call, the same on every retry of it (on calls that start or end a prefetch
+// or a job): meta answers a repeat with what the first attempt did.
+inline constexpr char kRequestIdMetadataKey[] = "ember-request-id";
 
 // What a client needs to reach a secured meta. Both empty: plaintext, no token.
 struct MetaCredentials {

@@ -74,6 +74,35 @@ struct MetaServer::Parts {
 
 MetaServer::MetaServer() : parts_(std::make_unique<Parts>()) {}
 
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const MetaOptions& options) {
+  if (options.tls_cert_file.empty() && options.tls_key_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.private_key, ReadSmallFile(options.tls_key_file, "--tls-key"));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadSmallFile(options.tls_cert_file, "--tls-cert"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ReplicaChannelCredentials(
+    const MetaOptions& options) {
+  if (options.tls_cert_file.empty()) return grpc::InsecureChannelCredentials();
+  if (options.tls_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "meta replicas serving TLS need --tls-ca: the CA their certificates are signed by "
+        "(each replica checks the others' certificates against it)");
+  }
+  grpc::SslCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(options.tls_ca_file, "--tls-ca"));
+  return grpc::SslCredentials(ssl);
+}
+
 absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions& options) {
   if (options.data_dir.empty()) return absl::InvalidArgumentError("--data-dir is required");
   std::error_code ec;
@@ -99,6 +128,7 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
     ro.snapshot_dir = options.data_dir + "/snapshots";
     ro.keep_bytes = options.replica_keep_bytes;
     ro.start_empty = p.store->Empty();
+    ASSIGN_OR_RETURN(ro.channel_creds, ReplicaChannelCredentials(options));
     p.replicator = std::make_unique<Replicator>(options.leading.etcd, ro, p.store->position(),
                                                 options.leading.lost);
     RETURN_IF_ERROR(p.store->Lead(options.leading.term, p.replicator.get()));
@@ -125,18 +155,7 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
                                     options.token);
   p.StartLoop();
 
-  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
-  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
-    if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
-      return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
-    }
-    grpc::SslServerCredentialsOptions ssl;
-    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    ASSIGN_OR_RETURN(pair.private_key, ReadSmallFile(options.tls_key_file, "--tls-key"));
-    ASSIGN_OR_RETURN(pair.cert_chain, ReadSmallFile(options.tls_cert_file, "--tls-cert"));
-    ssl.pem_key_cert_pairs.push_back(std::move(pair));
-    creds = grpc::SslServerCredentials(ssl);
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, ServerCredentials(options));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, creds, &p.port);
   builder.RegisterService(p.service.get());
@@ -146,6 +165,10 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   // node calls and started new ones for the next (clone, stacks, thread caches: ~6% of meta's
   // time in a small-file prefetch to 3 nodes).
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
+  // Clients of meta replicas ping every 2 s while a call is in flight (meta_client.cc): let
+  // them (gRPC's default closes a connection that pings more often than every 5 minutes).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   p.server = builder.BuildAndStart();
   if (!p.server || p.port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen,

@@ -35,6 +35,11 @@
 #include "absl/status/statusor.h"
 #include "meta/meta.pb.h"
 
+namespace grpc {
+class ChannelCredentials;
+class ServerCredentials;
+}  // namespace grpc
+
 namespace ember::meta {
 
 class EtcdClient;
@@ -54,6 +59,9 @@ struct MetaOptions {
   // PEM files: with both set, gRPC is served over TLS only.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Replicas with TLS: the CA the replicas' certificates are signed by (each replica checks the
+  // others' against it when it sends them its writes).
+  std::string tls_ca_file;
   // Writes are refused (ResourceExhausted) while the data dir's file system has less free space
   // than this, before RocksDB could fail mid-write on a full disk.
   uint64_t reserve_bytes = 64ull << 20;
@@ -76,6 +84,15 @@ struct MetaOptions {
   };
   Leading leading;
 };
+
+// What meta's gRPC is served with: TLS from --tls-cert/--tls-key, or plaintext. Returns:
+// InvalidArgument (one of the two missing); the files' read errors.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const MetaOptions& options);
+// What a replica reaches the other replicas with: TLS checked against --tls-ca when it serves
+// TLS, else plaintext. Returns: InvalidArgument (TLS without --tls-ca); read errors.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ReplicaChannelCredentials(
+    const MetaOptions& options);
 
 class MetaServer {
  public:

@@ -51,6 +51,15 @@ std::vector<BlockAddr> Addrs(const google::protobuf::RepeatedPtrField<rpc::Block
   return out;
 }
 
+// The client's id for this call, the same on every retry of it (meta_client.h); empty from
+// clients that send none.
+std::string RequestId(const grpc::ServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kRequestIdMetadataKey);
+  if (it == md.end() || it->second.size() > 64) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
 }  // namespace
 
 MetaService::MetaService(const MetaUnits& units, std::string token)
@@ -278,7 +287,7 @@ grpc::Status MetaService::Locate(grpc::ServerContext* ctx, const rpc::LocateRequ
 grpc::Status MetaService::StartPrefetch(grpc::ServerContext* ctx, const rpc::PrefetchSpec* req,
                                         rpc::PrefetchJob* resp) {
   return Serve(ctx, "StartPrefetch", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*resp, units_.prefetches->Start(*req));
+    ASSIGN_OR_RETURN(*resp, units_.prefetches->Start(*req, RequestId(ctx)));
     return absl::OkStatus();
   });
 }
@@ -357,7 +366,7 @@ grpc::Status MetaService::Locality(grpc::ServerContext* ctx, const rpc::Locality
 grpc::Status MetaService::SubmitJob(grpc::ServerContext* ctx, const rpc::JobSpec* req,
                                     rpc::Job* resp) {
   return Serve(ctx, "SubmitJob", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*resp, units_.jobs->Submit(*req));
+    ASSIGN_OR_RETURN(*resp, units_.jobs->Submit(*req, RequestId(ctx)));
     return absl::OkStatus();
   });
 }
@@ -380,7 +389,7 @@ grpc::Status MetaService::ListJobs(grpc::ServerContext* ctx, const rpc::ListJobs
 grpc::Status MetaService::CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
                                     rpc::Job* resp) {
   return Serve(ctx, "CancelJob", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*resp, units_.jobs->End(req->id(), rpc::Job::CANCELLED));
+    ASSIGN_OR_RETURN(*resp, units_.jobs->End(req->id(), rpc::Job::CANCELLED, RequestId(ctx)));
     return absl::OkStatus();
   });
 }
@@ -388,7 +397,7 @@ grpc::Status MetaService::CancelJob(grpc::ServerContext* ctx, const rpc::JobRef*
 grpc::Status MetaService::CompleteJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
                                       rpc::Job* resp) {
   return Serve(ctx, "CompleteJob", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*resp, units_.jobs->End(req->id(), rpc::Job::COMPLETED));
+    ASSIGN_OR_RETURN(*resp, units_.jobs->End(req->id(), rpc::Job::COMPLETED, RequestId(ctx)));
     return absl::OkStatus();
   });
 }

@@ -63,7 +63,17 @@ void PrefetchJobs::SettleLocked(rpc::PrefetchJob* job, const NodeView& view) {
   *job = std::move(next);
 }
 
-absl::StatusOr<rpc::PrefetchJob> PrefetchJobs::Start(const rpc::PrefetchSpec& in) {
+absl::StatusOr<rpc::PrefetchJob> PrefetchJobs::Start(const rpc::PrefetchSpec& in,
+                                                     const std::string& request_id) {
+  if (!request_id.empty()) {
+    const NodeView view = nodes_->View();
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) {
+      if (job.request_id() != request_id) continue;
+      SettleLocked(&job, view);
+      return job;
+    }
+  }
   ASSIGN_OR_RETURN(auto dv, catalog_->ResolveVersion(in.dataset(), in.version()));
   const auto& [ds, version] = dv;
   // Chosen nodes: named ones must be known and alive.
@@ -130,6 +140,7 @@ absl::StatusOr<rpc::PrefetchJob> PrefetchJobs::Start(const rpc::PrefetchSpec& in
   if (in.pin_ms() > 0) job.set_pin_until_unix_ms(NowUnixMs() + static_cast<int64_t>(in.pin_ms()));
   job.set_dataset_bytes(sel.bytes);
   job.set_dataset_files(sel.files);
+  job.set_request_id(request_id);
   for (const auto& id : chosen) job.add_nodes()->set_node_id(id);
   RETURN_IF_ERROR(store_->PutPrefetch(job));
   {

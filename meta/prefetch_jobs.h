@@ -36,8 +36,10 @@ class PrefetchJobs {
 
   // Validates and stores a new job. Returns: the job; NotFound (dataset, version, path, node);
   // FailedPrecondition (a named node is dead, no live node, a pin that does not fit);
-  // InvalidArgument (replicas, paths); the store's errors.
-  absl::StatusOr<rpc::PrefetchJob> Start(const rpc::PrefetchSpec& spec);
+  // InvalidArgument (replicas, paths); the store's errors. A `request_id` (the client's, for one
+  // call however often it is retried) that started a job before gets that job back.
+  absl::StatusOr<rpc::PrefetchJob> Start(const rpc::PrefetchSpec& spec,
+                                         const std::string& request_id = "");
   // Returns: the job, settled (nodes that died marked, finished when all are); NotFound.
   absl::StatusOr<rpc::PrefetchJob> Get(const std::string& id);
   std::vector<rpc::PrefetchJob> List();

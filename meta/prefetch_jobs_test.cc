@@ -78,6 +78,42 @@ TEST_F(PrefetchJobsTest, StartValidatesSettlesDeadNodesAndPersists) {
   EXPECT_NE(next->id(), job->id());
 }
 
+// A client retries a start on another replica when the first attempt's answer was lost: the
+// same request id gets the job the first attempt started, also from a store reloaded (the new
+// leader's), and no second job.
+TEST_F(PrefetchJobsTest, ARetriedStartGetsTheJobItStartedBefore) {
+  DatasetCatalog catalog(store_.get());
+  NodeRegistry nodes(store_.get(), std::chrono::seconds(10));
+  AddDataset(&catalog, "imgs");
+  Register(&nodes, "n1", 1ull << 30);
+  rpc::PrefetchSpec spec;
+  spec.set_dataset("imgs");
+  std::string first_id;
+  {
+    PrefetchJobs jobs(store_.get(), &catalog, &nodes);
+    auto first = jobs.Start(spec, "req-1");
+    ASSERT_TRUE(first.ok()) << first.status();
+    first_id = first->id();
+    auto again = jobs.Start(spec, "req-1");
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->id(), first_id);
+    EXPECT_EQ(jobs.List().size(), 1u);
+  }
+  PrefetchJobs reloaded(store_.get(), &catalog, &nodes);
+  ASSERT_TRUE(reloaded.Load().ok());
+  auto retried = reloaded.Start(spec, "req-1");
+  ASSERT_TRUE(retried.ok());
+  EXPECT_EQ(retried->id(), first_id);
+  // Another call (another id, or none) is another job.
+  auto other = reloaded.Start(spec, "req-2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->id(), first_id);
+  auto plain = reloaded.Start(spec);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_NE(plain->id(), other->id());
+  EXPECT_EQ(reloaded.List().size(), 3u);
+}
+
 TEST_F(PrefetchJobsTest, ARefusedCancelLeavesTheJobAsItWas) {
   std::string id;
   {

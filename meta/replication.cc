@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "common/secret.h"
 #include "common/status.h"
 #include "meta/meta_client.h"
@@ -23,6 +24,8 @@ rpc::ReplicaPosition ToProto(const MetaStore::Position& p) {
 MetaStore::Position FromProto(const rpc::ReplicaPosition& p) { return {p.term(), p.seq()}; }
 
 constexpr auto kCatchUpEvery = std::chrono::milliseconds(300);
+// A standby this few batches behind gets them with the leader's commits held back.
+constexpr size_t kTailBatches = 64;
 
 }  // namespace
 
@@ -171,6 +174,7 @@ absl::Status Replicator::Ship(const MetaStore::Position& prev, const MetaStore::
       return absl::UnavailableError(why);
     }
     c->f->in_sync = false;
+    c->f->recorded = false;
   }
   recent_bytes_ += batch.size();
   recent_.push_back(std::move(e));
@@ -207,10 +211,20 @@ void Replicator::CatchUpLoop() {
           f->in_sync = was_in_sync;
           grpc::ChannelArguments args;
           args.SetMaxSendMessageSize(64 << 20);
-          f->stub = rpc::MetaReplica::NewStub(
-              grpc::CreateCustomChannel(kv.value, grpc::InsecureChannelCredentials(), args));
+          f->stub = rpc::MetaReplica::NewStub(grpc::CreateCustomChannel(
+              kv.value,
+              options_.channel_creds != nullptr ? options_.channel_creds
+                                                : grpc::InsecureChannelCredentials(),
+              args));
         }
         if (!f->in_sync) ids.push_back(id);
+        // Current, but etcd did not take the key when it joined: until it does, the replica
+        // may not campaign.
+        if (f->in_sync && !f->recorded && SetInSync(id, true)) {
+          f->recorded = true;
+          spdlog::info("meta replica {}: standby {} is in sync at {}/{}", options_.self_id, id,
+                       last_.term, last_.seq);
+        }
       }
     }
     for (const auto& id : ids) CatchUp(id);
@@ -229,7 +243,7 @@ void Replicator::CatchUp(const std::string& id) {
   if (!f->stub->Position(&ctx, rpc::ReplicaPositionRequest(), &pos).ok()) return;
   MetaStore::Position at = FromProto(pos.position());
   // Ship what it lacks from the recent batches, outside the lock (commits go on meanwhile),
-  // then, under the lock, the last few and into the set.
+  // then, under the lock, the last few (at most kTailBatches) and into the set.
   for (int round = 0; round < 1000 && !Stopping(); round++) {
     std::vector<rpc::ReplicaBatch> todo;
     bool found;
@@ -241,10 +255,30 @@ void Replicator::CatchUp(const std::string& id) {
       for (const Entry& e : recent_) {
         if (found) {
           todo.push_back(e.batch);
-          if (todo.size() >= 64) break;
+          if (todo.size() > kTailBatches) break;
         } else if (FromProto(e.batch.at()) == at) {
           found = true;
         }
+      }
+      if (found && todo.size() <= kTailBatches) {
+        // The last few: shipped with commits held back (the lock), so a standby catches up
+        // however fast the leader writes; then into the set. Shipped to from now on even if
+        // etcd's answer is lost (the key may be there; the loop records it until it is):
+        // shipping to a replica outside the set is harmless, not shipping to one inside it is
+        // not.
+        for (const auto& b : todo) {
+          auto r = Send(*f, b);
+          if (!r.ok()) return;  // tried again next round
+          at = FromProto(r->position());
+        }
+        if (!(at == last_)) return;  // a standby answering out of turn: next round
+        f->in_sync = true;
+        f->recorded = SetInSync(id, true);
+        if (f->recorded) {
+          spdlog::info("meta replica {}: standby {} is in sync at {}/{}", options_.self_id, id,
+                       at.term, at.seq);
+        }
+        return;
       }
       if (!found) {
         if (std::chrono::steady_clock::now() < f->next_snapshot) return;
@@ -265,20 +299,6 @@ void Replicator::CatchUp(const std::string& id) {
       }
       at = *installed;
       continue;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (todo.empty() && at == last_) {
-        // Current, and no commit can happen while the lock is held: into the set. Shipped to
-        // from now on even if etcd's answer is lost (the key may be there): shipping to a
-        // replica outside the set is harmless, not shipping to one inside it is not.
-        f->in_sync = true;
-        if (SetInSync(id, true)) {
-          spdlog::info("meta replica {}: standby {} is in sync at {}/{}", options_.self_id, id,
-                       at.term, at.seq);
-        }
-        return;
-      }
     }
     for (const auto& b : todo) {
       auto r = Send(*f, b);
@@ -419,6 +439,16 @@ grpc::Status ReplicaService::Install(grpc::ServerContext* ctx,
   for (auto& [name, out] : files) {
     out.flush();
     if (!out) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write " + name);
+  }
+  // On disk before it replaces the store: a power loss after the swap must not leave a copy
+  // RocksDB cannot open (or one missing batches the leader counts this replica as holding).
+  for (const auto& [name, out] : files) {
+    if (absl::Status st = SyncPath(incoming_dir_ + "/" + name); !st.ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
+    }
+  }
+  if (absl::Status st = SyncPath(incoming_dir_); !st.ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message()));
   }
   files.clear();
   if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "copy cut short");

@@ -15,6 +15,8 @@
 //   P initialized     created by the first leader of the cluster (before it, anyone may lead)
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -64,6 +66,8 @@ class Replicator final : public MetaStore::Shipper {
     // current. Otherwise {0, 0} is an empty store (or one from before replication) and gets a
     // copy.
     bool start_empty = false;
+    // How standbys are reached (TLS or plaintext; null: plaintext).
+    std::shared_ptr<grpc::ChannelCredentials> channel_creds;
   };
   // `start`: the store's position when this replica began to lead. `lost`: called (once) when
   // this replica finds it no longer leads (it must stop serving). Starts the catch-up thread.
@@ -85,7 +89,8 @@ class Replicator final : public MetaStore::Shipper {
   struct Follower {
     std::string address;
     std::unique_ptr<rpc::MetaReplica::Stub> stub;
-    bool in_sync = false;
+    bool in_sync = false;   // shipped every batch
+    bool recorded = false;  // and P in-sync/ID is in etcd (retried until it is)
     std::chrono::steady_clock::time_point next_snapshot{};
   };
   // A call's deadline and the cluster token.

@@ -1,5 +1,6 @@
 // Meta replicas (#26 part 2; docs/meta-ha.md) as real processes: an etcd member and three
 // `ember meta --replica-id` on 127.0.0.x, and a client given every replica's address.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "meta/etcd_client.h"
+#include "meta/meta.grpc.pb.h"
 #include "meta/meta_client.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/cluster.h"
@@ -130,6 +132,21 @@ class Replica {
   std::unique_ptr<Process> process_;
 };
 
+// Three replicas m1-m3 on 127.0.0.(base+1..3), data under tmp; returns every address,
+// comma-separated.
+std::string StartReplicas(TempDir& tmp, int base, const std::string& etcd,
+                          std::vector<std::unique_ptr<Replica>>* replicas,
+                          const std::vector<std::string>& extra = {}) {
+  std::string all;
+  for (int i = 1; i <= 3; i++) {
+    replicas->push_back(std::make_unique<Replica>(absl::StrCat("m", i),
+                                                  absl::StrCat("127.0.0.", base + i),
+                                                  tmp.Sub(absl::StrCat("m", i)), etcd, extra));
+    all += (all.empty() ? "" : ",") + replicas->back()->address();
+  }
+  return all;
+}
+
 // The replica etcd names as leader ("" if none).
 std::string LeaderId(meta::EtcdClient& etcd) {
   auto kv = etcd.Get(absl::StrCat(kPrefix, "leader"));
@@ -200,13 +217,7 @@ TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
   TempDir tmp;
   Etcd etcd(tmp.Sub("etcd"));
   std::vector<std::unique_ptr<Replica>> replicas;
-  for (int i = 1; i <= 3; i++) {
-    replicas.push_back(std::make_unique<Replica>(absl::StrCat("m", i),
-                                                 absl::StrCat("127.0.0.", 20 + i),
-                                                 tmp.Sub(absl::StrCat("m", i)), etcd.address()));
-  }
-  std::string all;
-  for (auto& r : replicas) all += (all.empty() ? "" : ",") + r->address();
+  const std::string all = StartReplicas(tmp, 20, etcd.address(), &replicas);
   meta::MetaClient client(all, std::chrono::seconds(15));
   auto by_id = [&](const std::string& id) -> Replica& {
     for (auto& r : replicas) {
@@ -313,6 +324,137 @@ TEST(MetaHaTest, KilledLeaderIsReplacedWithEveryAcknowledgedWrite) {
   }
 }
 
+// A leader that hangs (SIGSTOP: a frozen host) rather than dies: a call in flight to it is given
+// up by the client's keepalive within seconds and goes to the new leader, well before its own
+// deadline. A start retried with the same request id (a lost answer) starts one prefetch.
+TEST(MetaHaTest, AHungLeaderIsLeftWithinSecondsAndARetriedStartStartsOnce) {
+  if (!HaveEtcd()) GTEST_SKIP() << "etcd is not installed (apt-get install etcd-server)";
+  TempDir tmp;
+  Etcd etcd(tmp.Sub("etcd"));
+  std::vector<std::unique_ptr<Replica>> replicas;
+  const std::string all = StartReplicas(tmp, 60, etcd.address(), &replicas);
+  meta::MetaClient client(all, std::chrono::seconds(40));
+  ASSERT_TRUE(AddClaimsDataset(client, tmp.Sub("origin")).ok());
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return InSync(etcd.client()) == 3; }, std::chrono::seconds(20)));
+  rpc::Node node;
+  node.set_id("n1");
+  node.set_address("127.0.0.1:1");
+  node.set_capacity_bytes(1ull << 40);
+  ASSERT_TRUE(client.RegisterNode(node).ok());
+  ASSERT_TRUE(client.RecordChecksums(Claims(1, 50)).ok());  // the client's channel is the leader's
+  const std::string first = LeaderId(etcd.client());
+  Replica* leader = nullptr;
+  for (auto& r : replicas) {
+    if (r->id() == first) leader = r.get();
+  }
+  ASSERT_NE(leader, nullptr);
+
+  leader->process().Signal(SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = client.RecordChecksums(Claims(2, 50));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  leader->process().Signal(SIGCONT);  // it finds it lost the lead and exits
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LT(took, std::chrono::seconds(20)) << "the call waited for its deadline (40 s)";
+  EXPECT_NE(LeaderId(etcd.client()), first);
+  ExpectClaims(client, {1, 2}, 50);
+  EXPECT_EQ(leader->process().Wait(std::chrono::seconds(15)), 75) << leader->process().Stderr();
+
+  // The same start sent twice with one request id (as a client retrying a lost answer does).
+  ASSERT_TRUE(client.RegisterNode(node).ok());  // alive on the new leader
+  const std::string second = LeaderId(etcd.client());
+  std::string second_address;
+  for (auto& rep : replicas) {
+    if (rep->id() == second) second_address = rep->address();
+  }
+  auto stub =
+      rpc::Meta::NewStub(grpc::CreateChannel(second_address, grpc::InsecureChannelCredentials()));
+  rpc::PrefetchSpec spec;
+  spec.set_dataset("d1");
+  std::vector<std::string> ids;
+  for (const char* request : {"r-1", "r-1", "r-2"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.AddMetadata(meta::kRequestIdMetadataKey, request);
+    rpc::PrefetchJob job;
+    grpc::Status st = stub->StartPrefetch(&ctx, spec, &job);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ids.push_back(job.id());
+  }
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_NE(ids[0], ids[2]);
+  auto jobs = client.ListPrefetches();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), 2u);
+}
+
+// Replicas serving TLS: clients reach them with the CA, the leader ships its writes to the
+// standbys over TLS (they reach the in-sync set), and a new leader serves everything. A replica
+// with --tls-cert but no --tls-ca is refused at start with a clear error.
+TEST(MetaHaTest, ReplicasServeAndReplicateOverTls) {
+  if (!HaveEtcd()) GTEST_SKIP() << "etcd is not installed (apt-get install etcd-server)";
+  if (std::system("command -v openssl >/dev/null") != 0) GTEST_SKIP() << "openssl not installed";
+  TempDir tmp;
+  const std::string dir = tmp.Sub("tls");
+  std::filesystem::create_directories(dir);
+  // One CA; one certificate naming every replica's address (as a StatefulSet's would name its
+  // pods' DNS names).
+  const std::string cmd = absl::StrCat(
+      "cd ", dir,
+      " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ember-ca -keyout ca.key "
+      "-out ca.pem 2>/dev/null && openssl req -newkey rsa:2048 -nodes -subj /CN=meta -keyout "
+      "meta.key -out meta.csr 2>/dev/null && printf "
+      "'subjectAltName=IP:127.0.0.91,IP:127.0.0.92,IP:127.0.0.93' > ext.cnf && openssl x509 "
+      "-req -in meta.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out "
+      "meta.pem 2>/dev/null");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  Etcd etcd(tmp.Sub("etcd"));
+  const std::vector<std::string> tls{"--tls-cert",      dir + "/meta.pem", "--tls-key",
+                                     dir + "/meta.key", "--tls-ca",        dir + "/ca.pem"};
+
+  {  // no --tls-ca: refused
+    Process refused({EMBER_BINARY, "meta", "--listen", "127.0.0.94:0", "--data-dir", tmp.Sub("m0"),
+                     "--replica-id", "m0", "--etcd", etcd.address(), "--etcd-prefix", kPrefix,
+                     "--tls-cert", dir + "/meta.pem", "--tls-key", dir + "/meta.key"},
+                    tmp.Sub("m0.log"));
+    EXPECT_NE(refused.Wait(std::chrono::seconds(15)), 0);
+    EXPECT_NE(refused.Stderr().find("need --tls-ca"), std::string::npos) << refused.Stderr();
+  }
+
+  std::vector<std::unique_ptr<Replica>> replicas;
+  const std::string all = StartReplicas(tmp, 90, etcd.address(), &replicas, tls);
+  auto logs = [&] {
+    std::string out;
+    for (auto& r : replicas)
+      absl::StrAppend(&out, "---- ", r->id(), "\n", r->process().Stdout(), r->process().Stderr());
+    return out;
+  };
+  meta::MetaClient client(all, meta::MetaCredentials{"", dir + "/ca.pem"},
+                          std::chrono::seconds(20));
+  absl::Status added = AddClaimsDataset(client, tmp.Sub("origin"));
+  ASSERT_TRUE(added.ok()) << added << "\n" << logs();
+  ASSERT_TRUE(client.RecordChecksums(Claims(1, 50)).ok());
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return InSync(etcd.client()) == 3; }, std::chrono::seconds(20)))
+      << "in sync: " << InSync(etcd.client()) << "\n"
+      << logs();
+  // A client without the CA does not get in.
+  meta::MetaClient plain(all, std::chrono::seconds(2));
+  EXPECT_FALSE(plain.ListDatasets().ok());
+
+  const std::string first = LeaderId(etcd.client());
+  for (auto& r : replicas) {
+    if (r->id() == first) r->Kill();
+  }
+  ASSERT_TRUE(NewLeaderWithin10s(etcd.client(), first));
+  ASSERT_TRUE(client.RecordChecksums(Claims(2, 50)).ok()) << logs();
+  ExpectClaims(client, {1, 2}, 50);
+  auto datasets = client.ListDatasets();
+  ASSERT_TRUE(datasets.ok()) << datasets.status();
+  EXPECT_EQ(datasets->size(), 1u);
+}
+
 // The scenario: nodes reading through their mounts, a prefetch running (of another
 // dataset, at 1 MiB/s from the origin: ~30 s), a job placed and a `dataset add` in flight when
 // the leader is killed. Readers see no error, the prefetch finishes, the job and every dataset
@@ -323,13 +465,7 @@ TEST(MetaHaTest, NodesPrefetchesAndJobsRideOutALeaderKill) {
   TempDir tmp;
   Etcd etcd(tmp.Sub("etcd"));
   std::vector<std::unique_ptr<Replica>> replicas;
-  std::string all;
-  for (int i = 1; i <= 3; i++) {
-    replicas.push_back(std::make_unique<Replica>(absl::StrCat("m", i),
-                                                 absl::StrCat("127.0.0.", 30 + i),
-                                                 tmp.Sub(absl::StrCat("m", i)), etcd.address()));
-    all += (all.empty() ? "" : ",") + replicas.back()->address();
-  }
+  const std::string all = StartReplicas(tmp, 30, etcd.address(), &replicas);
   auto ember = [&](std::vector<std::string> args) {
     args.insert(args.end(), {"--meta", all});
     return testing::RunEmber(args, {}, std::chrono::seconds(60));
@@ -570,9 +706,20 @@ TEST(MetaHaTest, RandomKillsOfReplicasAndEtcdMembersLoseNoAcknowledgedWrite) {
     }
   });
   std::mt19937 rng(42);
-  int meta_kills = 0, etcd_kills = 0;
+  int meta_kills = 0, etcd_kills = 0, exits = 0;
+  // As a supervisor (Kubernetes, systemd) would: a replica that exited by itself (a leader that
+  // could not renew its lease while etcd had no leader exits 75) is started again.
+  auto supervise = [&] {
+    for (auto& r : replicas) {
+      if (r->process().Running()) continue;
+      EXPECT_EQ(r->process().Wait(), 75) << r->process().Stderr();
+      r->Start();
+      exits++;
+    }
+  };
   for (int round = 0; round < 12; round++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2000 + rng() % 1000));
+    supervise();
     if (rng() % 2 == 0) {
       // Mostly the leader: the case that matters; sometimes a standby.
       std::string victim = LeaderId(*etcd);
@@ -598,13 +745,31 @@ TEST(MetaHaTest, RandomKillsOfReplicasAndEtcdMembersLoseNoAcknowledgedWrite) {
   writer.join();
   EXPECT_EQ(conflicts.load(), 0);
   // The last kill may have been the leader's: wait for its successor to answer.
-  ASSERT_TRUE(
-      testing::WaitFor([&] { return client.ListDatasets().ok(); }, std::chrono::seconds(20)));
+  absl::Status answer;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        supervise();
+        answer = client.ListDatasets().status();
+        return answer.ok();
+      },
+      std::chrono::seconds(20)))
+      << answer << "\nleader: " << LeaderId(*etcd) << ", in sync: " << InSync(*etcd) << "\n"
+      << [&] {
+           std::string out;
+           for (auto& r : replicas) {
+             std::string log = r->process().Stdout() + r->process().Stderr();
+             if (log.size() > 3000) log = log.substr(log.size() - 3000);
+             absl::StrAppend(&out, "---- ", r->id(), r->process().Running() ? "" : " (exited)",
+                             "\n", log);
+           }
+           return out;
+         }();
   absl::MutexLock lock(&acked_mu);
   ASSERT_GT(acked.size(), 50u);
   ExpectClaims(client, acked, 20);
-  std::cout << "chaos: " << meta_kills << " meta kills, " << etcd_kills << " etcd kills, "
-            << acked.size() << " claim batches acknowledged, all there\n";
+  std::cout << "chaos: " << meta_kills << " meta kills, " << etcd_kills << " etcd kills, " << exits
+            << " replicas exited by themselves and restarted, " << acked.size()
+            << " claim batches acknowledged, all there\n";
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ void AddMetaCommand(CLI::App& app) {
     std::string token_file;
     std::string tls_cert;
     std::string tls_key;
+    std::string tls_ca;
     std::string reserve = "64MiB";
     std::string http_open = "/healthz";
     std::string replica_id;
@@ -70,6 +71,10 @@ void AddMetaCommand(CLI::App& app) {
                   "$EMBER_TOKEN_FILE)");
   cmd->add_option("--tls-cert", opts->tls_cert, "PEM certificate chain: serve gRPC over TLS");
   cmd->add_option("--tls-key", opts->tls_key, "PEM private key of --tls-cert");
+  cmd->add_option("--tls-ca", opts->tls_ca,
+                  "With --replica-id and --tls-cert: PEM CA the replicas' certificates are "
+                  "signed by (replicas check each other's against it; each certificate must name "
+                  "every address the replica is reached at)");
   cmd->add_option("--replica-id", opts->replica_id,
                   "Run as one of several meta replicas (with --etcd): a leader elected in etcd "
                   "serves, the others follow its writes and take over when it fails "
@@ -103,6 +108,7 @@ void AddMetaCommand(CLI::App& app) {
     options.token = ResolveCredentials(token_only).token;
     options.tls_cert_file = opts->tls_cert;
     options.tls_key_file = opts->tls_key;
+    options.tls_ca_file = opts->tls_ca;
     options.reserve_bytes = *reserve;
     auto open_paths = HttpAccess::ParsePaths(opts->http_open);
     if (!open_paths.ok()) Fail(absl::StrCat("--http-open: ", open_paths.status().message()));
@@ -111,7 +117,6 @@ void AddMetaCommand(CLI::App& app) {
       if (opts->replica_id.empty() || opts->etcd.empty()) {
         Fail("meta replicas need both --replica-id and --etcd");
       }
-      if (!options.tls_cert_file.empty()) Fail("meta replicas do not serve TLS yet");
       options.replica_id = opts->replica_id;
       options.etcd = opts->etcd;
       options.etcd_prefix = opts->etcd_prefix;
