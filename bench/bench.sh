@@ -14,6 +14,8 @@
 #    the same-run ceiling or native. Figures go into docs/benchmarks.md by hand.
 #    bench_files_memory.sh: agent and meta RSS per file at 200,000 and 1,000,000 files, with
 #    dataset add and find at that size.
+#    bench_au.sh: how many emulated accelerators (unet3d, resnet50; `ember bench au --find-max`)
+#    native, Ember (cold first epoch, warm), bindfs and rclone keep busy.
 # 4. bench_meta_ha.sh (when etcd is installed): meta's restart time on its data dir, etcd's write
 #    latency and leader failover on 127.0.0.11-13, and meta replicas on them: `dataset add`
 #    through a replicated leader and 20 leader kills, each timed until a write is acknowledged.
@@ -65,6 +67,9 @@ say "small files"
 "$(dirname "$0")/bench_small.sh" "$BUILD" | tee -a "$OUT/results.md"
 say "memory per file at 1M files"
 "$(dirname "$0")/bench_files_memory.sh" "$BUILD" | tee -a "$OUT/results.md"
+# ---- accelerators fed, MLPerf-Storage style (bench_au.sh; #22, `ember bench au`) ----
+say "accelerator utilization"
+"$(dirname "$0")/bench_au.sh" "$BUILD" | tee -a "$OUT/results.md"
 # ---- meta failover's figures (bench_meta_ha.sh; needs etcd: #26 part 2, docs/meta-ha.md) ----
 if command -v etcd > /dev/null; then
   say "meta failover"

@@ -15,11 +15,8 @@
 # (Debian's 3.4). Writes a table to BUILD/bench/meta_ha.md; --json prints it as JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-JSON=0
-ARGS=()
-for a in "$@"; do [ "$a" = --json ] && JSON=1 || ARGS+=("$a"); done
 . bench/common.sh
-bench_init bench_meta_ha meta_ha "${ARGS[0]:-build}"
+bench_init bench_meta_ha meta_ha "$@"
 KILLS=${KILLS:-10}
 command -v etcd > /dev/null || { echo "bench_meta_ha: needs etcd (apt-get install etcd-server etcd-client)" >&2; exit 1; }
 SMALL=${EMBER_BENCH_DIR:-/var/tmp/ember-bench}/small

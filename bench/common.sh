@@ -5,11 +5,17 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }  # T0 T1: s
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }            # PID: resident KiB
 say() { echo "${BENCH_NAME:-bench}: $*" >&2; }
 
-# NAME SUB [BUILD]: BUILD (default build), B (its bin/), WORK ($EMBER_BENCH_DIR/SUB), OUT
-# (BUILD/bench), both made; say() speaks as NAME.
+# NAME SUB [ARGS...]: BUILD (the first of ARGS that is not --json; default build), B (its bin/),
+# WORK ($EMBER_BENCH_DIR/SUB), OUT (BUILD/bench), both made; JSON=1 when ARGS hold --json;
+# say() speaks as NAME.
 bench_init() {
   BENCH_NAME=$1
-  BUILD=$(realpath "${3:-build}")
+  JSON=0
+  local build=build a
+  for a in "${@:3}"; do
+    if [ "$a" = --json ]; then JSON=1; elif [ -n "$a" ] && [ "$build" = build ]; then build=$a; fi
+  done
+  BUILD=$(realpath "$build")
   B=$BUILD/bin
   WORK=${EMBER_BENCH_DIR:-/var/tmp/ember-bench}/$2
   OUT=$BUILD/bench

@@ -24,6 +24,7 @@ void AddNodeCommands(CLI::App& app);      // node, up
 void AddPrefetchCommands(CLI::App& app);  // prefetch, unpin, locality
 void AddJobCommands(CLI::App& app);       // job submit|ls|show|cancel|complete
 void AddCacheCommands(CLI::App& app);     // cache verify
+void AddBenchCommands(CLI::App& app);     // bench au [generate]
 
 // Prints "ember: <message>" to stderr and exits with code 1.
 [[noreturn]] void Fail(const absl::Status& status);

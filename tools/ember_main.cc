@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   ember::tools::AddPrefetchCommands(app);
   ember::tools::AddJobCommands(app);
   ember::tools::AddCacheCommands(app);
+  ember::tools::AddBenchCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
