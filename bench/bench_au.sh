@@ -9,7 +9,8 @@
 #        accelerators fed (count x AU / threshold) in an epoch of one more than native held;
 #  cold: the first epoch through a fresh Ember cache (page cache dropped) with as many
 #        accelerators as native warm held, against native with its page cache dropped; the
-#        accelerators it fed = count x AU / threshold (at most the count).
+#        accelerators it fed = count x AU / threshold (at most the count); beside them the
+#        machine's ceiling for reading and storing the same files (4 dd streams, O_DIRECT).
 # This machine's data fits in RAM many times over (MLPerf wants 5x RAM): warm native reads come
 # from the page cache, and so does everything Ember serves from its cache files.
 set -euo pipefail
@@ -38,7 +39,24 @@ findmax() {  # WORKLOAD DIR: prints the most accelerators that held the threshol
 }
 fed() {  # WORKLOAD DIR N: accelerators fed in one epoch of N (N x AU / threshold, at most N)
   "$B/ember" bench au --dir "$2" --workload "$1" --accelerator "$ACC" --accelerators "$3" --json 2> /dev/null |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); n=r["accelerators"]; print("%.1f|%.1f" % (min(n, n*r["au"]/r["threshold"]), 100*r["au"]))'
+    python3 -c 'import json,sys; r=json.load(sys.stdin); n=r["accelerators"]; print("%.1f|%.1f|%.0f" % (min(n, n*r["au"]/r["threshold"]), 100*r["au"], r["bytes_per_second"]/1e6))'
+}
+# The machine's ceiling for a first epoch that stores what it reads: 4 streams, each reading a
+# dataset file and writing it with O_DIRECT elsewhere on this disk (dd), page cache dropped.
+store_ceiling() {  # DIR: prints MB/s
+  local files i=0 pids=() t0 t1 bytes
+  files=$(ls "$1" | head -4)
+  drop_caches
+  t0=$(now)
+  for f in $files; do
+    dd if="$1/$f" of="$WORK/ceiling.$i" bs=4M oflag=direct status=none & pids+=($!)
+    i=$((i + 1))
+  done
+  wait "${pids[@]}"
+  t1=$(now)
+  bytes=$(cd "$1" && du -cb $files | tail -1 | cut -f1)
+  rm -f "$WORK"/ceiling.*
+  awk -v b="$bytes" -v a="$t0" -v c="$t1" 'BEGIN { printf "%.0f", b / (c - a) / 1e6 }'
 }
 readall() { find "$1" -type f -exec cat {} + > /dev/null; }
 
@@ -57,11 +75,12 @@ for w in $WORKLOADS; do
   native=$(findmax "$w" "$DATA")
   n=$((native > 0 ? native : 1))
   over=$((n + 1))  # the warm rows' second figure: accelerators fed when one more than native's ask
-  IFS='|' read -r f a < <(fed "$w" "$DATA" "$over")
+  IFS='|' read -r f a _ < <(fed "$w" "$DATA" "$over")
   row "$w" "native (page cache warm)" "$native" "fed $f of $over (AU $a%)"
   drop_caches
-  IFS='|' read -r nf nau < <(fed "$w" "$DATA" "$n")
-  row "$w" "native, first epoch from disk" "$nf" "$n accelerators at AU $nau%"
+  IFS='|' read -r nf nau nmb < <(fed "$w" "$DATA" "$n")
+  row "$w" "native, first epoch from disk" "$nf" "$n accelerators at AU $nau%, $nmb MB/s"
+  row "$w" "ceiling: read and store, 4 streams (dd oflag=direct)" "" "$(store_ceiling "$DATA/train") MB/s"
 
   # Ember: meta and one node, the dataset added; a fresh cache for the cold epoch.
   rm -rf "$WORK/meta" "$WORK/a"
@@ -73,12 +92,12 @@ for w in $WORKLOADS; do
   start_node a 2 32GiB
   drop_caches
   say "$w: Ember, first epoch"
-  IFS='|' read -r ef eau < <(fed "$w" "$WORK/a/mnt/$w" "$n")
-  row "$w" "Ember, first epoch (cold cache)" "$ef" "$n accelerators at AU $eau%"
+  IFS='|' read -r ef eau emb < <(fed "$w" "$WORK/a/mnt/$w" "$n")
+  row "$w" "Ember, first epoch (cold cache)" "$ef" "$n accelerators at AU $eau%, $emb MB/s"
   say "$w: Ember, warm"
   readall "$WORK/a/mnt/$w/train"
   ember=$(findmax "$w" "$WORK/a/mnt/$w")
-  IFS='|' read -r f a < <(fed "$w" "$WORK/a/mnt/$w" "$over")
+  IFS='|' read -r f a _ < <(fed "$w" "$WORK/a/mnt/$w" "$over")
   row "$w" "Ember (warm)" "$ember" "fed $f of $over (AU $a%)"
   stop_all
   unset EMBER_META
@@ -88,7 +107,7 @@ for w in $WORKLOADS; do
   bindfs -o ro "$DATA" "$MNT/bindfs"
   readall "$DATA/train"
   m=$(findmax "$w" "$MNT/bindfs")
-  IFS='|' read -r f a < <(fed "$w" "$MNT/bindfs" "$over")
+  IFS='|' read -r f a _ < <(fed "$w" "$MNT/bindfs" "$over")
   row "$w" "bindfs (warm)" "$m" "fed $f of $over (AU $a%)"
   fusermount -u "$MNT/bindfs"
 
@@ -100,7 +119,7 @@ for w in $WORKLOADS; do
   for _ in $(seq 100); do mountpoint -q "$MNT/rclone" && break; sleep 0.1; done
   readall "$MNT/rclone/train"
   m=$(findmax "$w" "$MNT/rclone")
-  IFS='|' read -r f a < <(fed "$w" "$MNT/rclone" "$over")
+  IFS='|' read -r f a _ < <(fed "$w" "$MNT/rclone" "$over")
   row "$w" "rclone vfs-full (warm)" "$m" "fed $f of $over (AU $a%)"
   fusermount -u "$MNT/rclone"
   rm -rf "$WORK/rclone-cache"
