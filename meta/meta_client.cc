@@ -7,7 +7,6 @@
 #include <random>
 #include <set>
 #include <thread>
-#include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -169,16 +168,17 @@ class MetaClient::Impl {
     return true;
   }
 
-  // Calls that change something and are not naturally repeatable carry a request id, the same
-  // on each retry: meta answers a repeat with what the first one did (a prefetch or job started
-  // once). `maybe_applied`: set when a retry followed an attempt that may have happened.
-  template <typename Req>
-  static constexpr bool kKeyed =
-      std::is_same_v<Req, rpc::PrefetchSpec> || std::is_same_v<Req, rpc::JobSpec> ||
-      std::is_same_v<Req, rpc::JobRef>;
+  // How a call is made. `keyed`: a call that changes something and is not naturally repeatable
+  // (starting or ending a prefetch or job) carries a request id, the same on each retry: meta
+  // answers a repeat with what the first attempt did. `maybe_applied`: set when a retry
+  // followed an attempt that may have happened.
+  struct CallOptions {
+    bool keyed = false;
+    bool* maybe_applied = nullptr;
+  };
 
   template <typename Req, typename Resp, typename Fn>
-  absl::StatusOr<Resp> Unary(const Req& req, Fn fn, bool* maybe_applied = nullptr) {
+  absl::StatusOr<Resp> Unary(const Req& req, Fn fn, CallOptions call = {}) {
     if (!init_error.ok()) return init_error;
     // Per request type (the RPC's name, for every RPC but the few sharing one).
     static metrics::Histogram* const latency = metrics::Global().GetHistogram(
@@ -190,10 +190,9 @@ class MetaClient::Impl {
     metrics::Timer timer(latency);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     int attempts = 0;
-    std::string request_id;
-    if constexpr (kKeyed<Req>) request_id = NewRequestId();
+    const std::string request_id = call.keyed ? NewRequestId() : "";
     bool applied_unused = false;
-    if (maybe_applied == nullptr) maybe_applied = &applied_unused;
+    bool* maybe_applied = call.maybe_applied != nullptr ? call.maybe_applied : &applied_unused;
     for (;;) {
       const size_t at = Current();
       grpc::ClientContext ctx;
@@ -303,7 +302,7 @@ absl::Status MetaClient::RemoveDataset(const std::string& name, uint32_t version
   bool maybe_applied = false;
   absl::Status st = impl_
                         ->Unary<rpc::RemoveDatasetRequest, rpc::RemoveDatasetResponse>(
-                            req, &rpc::Meta::Stub::RemoveDataset, &maybe_applied)
+                            req, &rpc::Meta::Stub::RemoveDataset, {.maybe_applied = &maybe_applied})
                         .status();
   // Retried on another replica after an attempt that may have removed it (the old leader died
   // before answering): not finding it then is the removal having happened.
@@ -386,7 +385,8 @@ absl::StatusOr<rpc::LocateResponse> MetaClient::Locate(const rpc::LocateRequest&
 }
 
 absl::StatusOr<rpc::PrefetchJob> MetaClient::StartPrefetch(const rpc::PrefetchSpec& spec) {
-  return impl_->Unary<rpc::PrefetchSpec, rpc::PrefetchJob>(spec, &rpc::Meta::Stub::StartPrefetch);
+  return impl_->Unary<rpc::PrefetchSpec, rpc::PrefetchJob>(spec, &rpc::Meta::Stub::StartPrefetch,
+                                                           {.keyed = true});
 }
 
 absl::StatusOr<rpc::PrefetchJob> MetaClient::GetPrefetch(const std::string& id) {
@@ -476,7 +476,7 @@ absl::StatusOr<rpc::LocalityResponse> MetaClient::Locality(const std::string& da
 }
 
 absl::StatusOr<rpc::Job> MetaClient::SubmitJob(const rpc::JobSpec& spec) {
-  return impl_->Unary<rpc::JobSpec, rpc::Job>(spec, &rpc::Meta::Stub::SubmitJob);
+  return impl_->Unary<rpc::JobSpec, rpc::Job>(spec, &rpc::Meta::Stub::SubmitJob, {.keyed = true});
 }
 
 absl::StatusOr<rpc::Job> MetaClient::GetJob(const std::string& ref) {
@@ -493,13 +493,13 @@ absl::StatusOr<rpc::ListJobsResponse> MetaClient::ListJobs() {
 absl::StatusOr<rpc::Job> MetaClient::CancelJob(const std::string& ref) {
   rpc::JobRef r;
   r.set_id(ref);
-  return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::CancelJob);
+  return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::CancelJob, {.keyed = true});
 }
 
 absl::StatusOr<rpc::Job> MetaClient::CompleteJob(const std::string& ref) {
   rpc::JobRef r;
   r.set_id(ref);
-  return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::CompleteJob);
+  return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::CompleteJob, {.keyed = true});
 }
 
 }  // namespace ember::meta

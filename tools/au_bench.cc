@@ -213,7 +213,6 @@ absl::StatusOr<RunResult> Run(const std::vector<Sample>& samples, const RunOptio
   for (const auto& [path, list] : by_file) files.push_back(&list);
 
   RunResult result;
-  double au_sum = 0;
   microseconds computed_all{0};
   double wall_all = 0;
   for (uint32_t epoch = 0; epoch < o.epochs; epoch++) {
@@ -301,7 +300,6 @@ absl::StatusOr<RunResult> Run(const std::vector<Sample>& samples, const RunOptio
     }
     er.seconds = std::chrono::duration<double>(last - start).count();
     if (o.on_epoch) o.on_epoch(epoch + 1, er.au, er.seconds);
-    au_sum += er.au;
     result.samples_per_second += static_cast<double>(er.samples);
     result.bytes_per_second += static_cast<double>(er.bytes);
     result.epochs.push_back(er);
@@ -310,7 +308,7 @@ absl::StatusOr<RunResult> Run(const std::vector<Sample>& samples, const RunOptio
   for (const auto& e : result.epochs) seconds += e.seconds;
   result.au = wall_all > 0
                   ? std::min(1.0, std::chrono::duration<double>(computed_all).count() / wall_all)
-                  : au_sum / o.epochs;
+                  : 1;
   if (seconds > 0) {
     result.samples_per_second /= seconds;
     result.bytes_per_second /= seconds;
