@@ -25,6 +25,17 @@ std::string ResolveMetaAddress(const std::string& flag_value) {
   return kDefaultMetaAddress;
 }
 
+namespace {
+// How a call is made. `keyed`: a call that changes something and is not naturally repeatable
+// (starting or ending a prefetch or job) carries a request id, the same on each retry: meta
+// answers a repeat with what the first attempt did. `maybe_applied`: set when a retry followed
+// an attempt that may have happened.
+struct CallOptions {
+  bool keyed = false;
+  bool* maybe_applied = nullptr;
+};
+}  // namespace
+
 class MetaClient::Impl {
  public:
   Impl(const std::string& addresses, const MetaCredentials& creds,
@@ -167,15 +178,6 @@ class MetaClient::Impl {
     }
     return true;
   }
-
-  // How a call is made. `keyed`: a call that changes something and is not naturally repeatable
-  // (starting or ending a prefetch or job) carries a request id, the same on each retry: meta
-  // answers a repeat with what the first attempt did. `maybe_applied`: set when a retry
-  // followed an attempt that may have happened.
-  struct CallOptions {
-    bool keyed = false;
-    bool* maybe_applied = nullptr;
-  };
 
   template <typename Req, typename Resp, typename Fn>
   absl::StatusOr<Resp> Unary(const Req& req, Fn fn, CallOptions call = {}) {
