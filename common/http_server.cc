@@ -34,16 +34,31 @@ bool HttpAccess::Allows(const std::string& path, const std::string& authorizatio
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const std::string& listen, const std::string& flag,
-    const std::function<void(httplib::Server&)>& routes, const HttpAccess& access) {
+    const std::function<void(httplib::Server&)>& routes, const HttpAccess& access,
+    const HttpTls& tls) {
   const size_t colon = listen.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
       port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " '", listen, "' must be HOST:PORT"));
   }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": HTTPS needs both a certificate and its key"));
+  }
   std::unique_ptr<HttpServer> s(new HttpServer());
   s->host_ = listen.substr(0, colon);
-  s->server_ = std::make_unique<httplib::Server>();
+  if (tls.cert_file.empty()) {
+    s->server_ = std::make_unique<httplib::Server>();
+  } else {
+    auto ssl = std::make_unique<httplib::SSLServer>(tls.cert_file.c_str(), tls.key_file.c_str());
+    if (!ssl->is_valid()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(flag, ": cannot serve HTTPS with certificate ", tls.cert_file, " and key ",
+                       tls.key_file, " (missing, unreadable, not PEM, or not a pair)"));
+    }
+    s->server_ = std::move(ssl);
+  }
   s->server_->set_pre_routing_handler(
       [access](const httplib::Request& req, httplib::Response& res) {
         if (access.Allows(req.path, req.get_header_value("Authorization"))) {

@@ -31,15 +31,25 @@ struct HttpAccess {
   bool Allows(const std::string& path, const std::string& authorization) const;
 };
 
+// Serving HTTPS instead of HTTP: a PEM certificate chain and its key (both or neither). The
+// Kubernetes API server calls admission webhooks over HTTPS only.
+struct HttpTls {
+  std::string cert_file;
+  std::string key_file;
+};
+
 class HttpServer {
  public:
   // Binds `listen` ("HOST:PORT"; port 0 picks a free one), lets `routes` add handlers, and
   // serves on a thread under `access`. Every server also answers GET /healthz ("ok") and GET
   // /metrics (the process's metrics::Global() registry). `flag` names the option in errors.
-  // Returns: InvalidArgument (not HOST:PORT); FailedPrecondition (cannot listen there).
+  // With `tls` set it serves HTTPS. Returns: InvalidArgument (not HOST:PORT; a certificate
+  // without its key or the reverse); FailedPrecondition (cannot listen there; the certificate or
+  // key cannot be read or do not match).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const std::string& listen, const std::string& flag,
-      const std::function<void(httplib::Server&)>& routes, const HttpAccess& access = {});
+      const std::function<void(httplib::Server&)>& routes, const HttpAccess& access = {},
+      const HttpTls& tls = {});
   ~HttpServer();
 
   int port() const { return port_; }

@@ -178,14 +178,15 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
                options.tls_cert_file.empty() ? "plaintext" : "TLS",
                options.token.empty() ? "no token" : "token required", options.data_dir);
   if (!options.http_listen.empty()) {
-    auto http =
-        p.status->Serve(options.http_listen, HttpAccess{options.token, options.http_open_paths});
+    auto http = p.status->Serve(
+        options.http_listen, HttpAccess{options.token, options.http_open_paths}, options.http_tls);
     if (!http.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot listen on --http ", options.http_listen,
                                                  ": ", http.status().message()));
     }
     p.http = std::move(*http);
-    spdlog::info("meta: HTTP (status page, extender, /metrics) on {}:{}", p.http->host(),
+    spdlog::info("meta: {} (status page, extender, webhook, /metrics) on {}:{}",
+                 options.http_tls.cert_file.empty() ? "HTTP" : "HTTPS", p.http->host(),
                  p.http->port());
   }
   return server;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/http_server.h"
 #include "meta/meta.pb.h"
 
 namespace grpc {
@@ -50,8 +51,10 @@ struct MetaOptions {
   // A node whose last heartbeat is older than this is dead: its locations are not returned.
   std::chrono::milliseconds lease{10'000};
   // HOST:PORT for HTTP (status page, /api/status, /metrics, /healthz, kube-scheduler extender at
-  // /scheduler/filter and /scheduler/prioritize); empty = no HTTP.
+  // /scheduler/filter and /scheduler/prioritize, admission webhook at /webhook/mutate); empty =
+  // no HTTP. With http_tls set, HTTPS.
   std::string http_listen;
+  HttpTls http_tls;
   // Cluster token every gRPC call must carry (empty: none required); HTTP requests must carry it
   // too (Authorization: Bearer) except for these paths (common/http_server.h).
   std::string token;

@@ -70,7 +70,8 @@ void StatusSurface::RegisterMetrics() {
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> StatusSurface::Serve(const std::string& listen,
-                                                                 const HttpAccess& access) {
+                                                                 const HttpAccess& access,
+                                                                 const HttpTls& tls) {
   return HttpServer::Start(
       listen, "--http",
       [this](httplib::Server& http) {
@@ -81,6 +82,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StatusSurface::Serve(const std::stri
                   [this](const httplib::Request& req, httplib::Response& res) {
                     res.set_content(ExtenderPrioritize(req.body, Extender()), "application/json");
                   });
+        http.Post("/webhook/mutate", [this](const httplib::Request& req, httplib::Response& res) {
+          res.set_content(AdmissionMutate(req.body, Admission()), "application/json");
+        });
         http.Get("/", [](const httplib::Request&, httplib::Response& res) {
           res.set_content(StatusPageHtml(), "text/html; charset=utf-8");
         });
@@ -88,7 +92,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StatusSurface::Serve(const std::stri
           res.set_content(StatusJson(), "application/json");
         });
       },
-      access);
+      access, tls);
 }
 
 void StatusSurface::Sample() {
@@ -174,6 +178,20 @@ ExtenderContext StatusSurface::Extender() {
   ExtenderContext c;
   c.fractions = [this](const std::string& name) { return jobs_->Fractions(name); };
   c.known = [this](const std::string& node) { return nodes_->Known(node); };
+  return c;
+}
+
+AdmissionContext StatusSurface::Admission() {
+  AdmissionContext c;
+  c.fractions = [this](const std::string& name) { return jobs_->Fractions(name); };
+  c.labels = [this] {
+    std::map<std::string, std::map<std::string, std::string>> out;
+    for (const rpc::Node& n : nodes_->List()) {
+      if (n.state() != rpc::Node::ALIVE) continue;
+      out[n.id()] = {n.labels().begin(), n.labels().end()};
+    }
+    return out;
+  };
   return c;
 }
 

@@ -1,5 +1,6 @@
 // StatusSurface: meta's HTTP face (--http): the status page (`/`) and the JSON it draws
 // (`/api/status`), the kube-scheduler extender (`/scheduler/filter`, `/scheduler/prioritize`),
+// the mutating admission webhook (`/webhook/mutate`, meta/admission.h),
 // Prometheus `/metrics` (with meta's figures read at scrape time) and `/healthz`. It reads the
 // other units and owns only the page's history of cluster totals (10 minutes, every 5 s).
 //
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/http_server.h"
+#include "meta/admission.h"
 #include "meta/catalog.h"
 #include "meta/extender.h"
 #include "meta/job_service.h"
@@ -36,15 +38,17 @@ class StatusSurface {
 
   // Registers meta's gauges with the metrics registry (read at scrape time).
   void RegisterMetrics();
-  // Serves the routes on `listen` under `access` (the cluster token). Returns: the server; the
-  // errors of HttpServer::Start.
+  // Serves the routes on `listen` under `access` (the cluster token), over HTTPS with `tls`.
+  // Returns: the server; the errors of HttpServer::Start.
   absl::StatusOr<std::unique_ptr<HttpServer>> Serve(const std::string& listen,
-                                                    const HttpAccess& access);
+                                                    const HttpAccess& access,
+                                                    const HttpTls& tls = {});
 
   // Records cluster totals for the page's charts, at most every 5 s (called by meta's loop).
   void Sample();
   std::string StatusJson();
   ExtenderContext Extender();
+  AdmissionContext Admission();
 
  private:
   const std::string meta_address_;

@@ -23,9 +23,10 @@ ALLOWED = {
     "transport": {"common"},
     "meta": {"common", "origin"},
     "cachefs": {"common", "origin", "transport", "meta"},  # meta: its client and messages only
-    "tools": {"common", "origin", "transport", "meta", "cachefs"},
+    "csi": {"common"},
+    "tools": {"common", "origin", "transport", "meta", "cachefs", "csi"},
     "bench": {"common", "origin", "transport", "meta", "cachefs"},
-    "tests": {"common", "origin", "transport", "meta", "cachefs", "tools", "tests"},
+    "tests": {"common", "origin", "transport", "meta", "cachefs", "csi", "tools", "tests"},
 }
 # What cachefs may include from meta: the client and the generated messages, not the server.
 CACHEFS_META_OK = {"meta/meta_client.h", "meta/meta.pb.h", "meta/status_json.h"}

@@ -25,6 +25,7 @@ void AddPrefetchCommands(CLI::App& app);  // prefetch, unpin, locality
 void AddJobCommands(CLI::App& app);       // job submit|ls|show|cancel|complete
 void AddCacheCommands(CLI::App& app);     // cache verify
 void AddBenchCommands(CLI::App& app);     // bench au [generate]
+void AddCsiCommand(CLI::App& app);        // csi (the CSI node plugin)
 
 // Prints "ember: <message>" to stderr and exits with code 1.
 [[noreturn]] void Fail(const absl::Status& status);

@@ -43,6 +43,8 @@ void AddMetaCommand(CLI::App& app) {
     std::string tls_ca;
     std::string reserve = "64MiB";
     std::string http_open = "/healthz";
+    std::string http_tls_cert;
+    std::string http_tls_key;
     std::string replica_id;
     std::string etcd;
     std::string etcd_prefix = "/ember/meta/";
@@ -56,11 +58,17 @@ void AddMetaCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--http", opts->http,
                   "HOST:PORT for HTTP: the status page (/), /api/status, /metrics, /healthz "
-                  "and the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize)");
+                  "the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize) and the "
+                  "admission webhook (/webhook/mutate)");
+  cmd->add_option("--http-tls-cert", opts->http_tls_cert,
+                  "PEM certificate chain: serve --http over HTTPS (the API server calls the "
+                  "admission webhook over HTTPS only)");
+  cmd->add_option("--http-tls-key", opts->http_tls_key, "PEM private key of --http-tls-cert");
   cmd->add_option("--http-open", opts->http_open,
                   "With a cluster token, HTTP paths served without it (comma-separated; a path "
                   "ending in / covers what is below it), e.g. /healthz,/metrics for probes and a "
-                  "Prometheus without the token, /scheduler/ for kube-scheduler's extender")
+                  "Prometheus without the token, /scheduler/ for kube-scheduler's extender, "
+                  "/webhook/mutate for the admission webhook")
       ->capture_default_str();
   cmd->add_option("--reserve", opts->reserve,
                   "Free space the data dir's file system must keep: below it meta refuses "
@@ -103,6 +111,7 @@ void AddMetaCommand(CLI::App& app) {
     options.data_dir = opts->data_dir;
     options.lease = *lease;
     options.http_listen = opts->http;
+    options.http_tls = {opts->http_tls_cert, opts->http_tls_key};
     MetaFlags token_only;
     token_only.token_file = opts->token_file;
     options.token = ResolveCredentials(token_only).token;

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   ember::tools::AddJobCommands(app);
   ember::tools::AddCacheCommands(app);
   ember::tools::AddBenchCommands(app);
+  ember::tools::AddCsiCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
