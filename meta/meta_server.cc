@@ -39,6 +39,7 @@ struct MetaServer::Parts {
   std::unique_ptr<MetaService> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<HttpServer> http;
+  std::unique_ptr<HttpServer> https;
   int port = 0;
   // Replicas' leader only. Last: destroyed first (its catch-up thread uses the store), once the
   // server no longer takes calls that write.
@@ -178,16 +179,30 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
                options.tls_cert_file.empty() ? "plaintext" : "TLS",
                options.token.empty() ? "no token" : "token required", options.data_dir);
   if (!options.http_listen.empty()) {
-    auto http = p.status->Serve(
-        options.http_listen, HttpAccess{options.token, options.http_open_paths}, options.http_tls);
+    auto http =
+        p.status->Serve(options.http_listen, HttpAccess{options.token, options.http_open_paths});
     if (!http.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot listen on --http ", options.http_listen,
                                                  ": ", http.status().message()));
     }
     p.http = std::move(*http);
-    spdlog::info("meta: {} (status page, extender, webhook, /metrics) on {}:{}",
-                 options.http_tls.cert_file.empty() ? "HTTP" : "HTTPS", p.http->host(),
+    spdlog::info("meta: HTTP (status page, extender, webhook, /metrics) on {}:{}", p.http->host(),
                  p.http->port());
+  }
+  if (!options.https_listen.empty()) {
+    if (options.https_tls.cert_file.empty() || options.https_tls.key_file.empty()) {
+      return absl::InvalidArgumentError("--https needs --https-cert and --https-key");
+    }
+    auto https =
+        p.status->Serve(options.https_listen, HttpAccess{options.token, options.http_open_paths},
+                        options.https_tls);
+    if (!https.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot serve --https ", options.https_listen,
+                                                 ": ", https.status().message()));
+    }
+    p.https = std::move(*https);
+    spdlog::info("meta: HTTPS (the same, for the admission webhook) on {}:{}", p.https->host(),
+                 p.https->port());
   }
   return server;
 }
@@ -204,6 +219,7 @@ void MetaServer::Wait() {
 void MetaServer::Shutdown() {
   Parts& p = *parts_;
   if (p.http) p.http->Stop();
+  if (p.https) p.https->Stop();
   p.StopLoop();
   if (p.server) p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

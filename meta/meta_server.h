@@ -52,9 +52,12 @@ struct MetaOptions {
   std::chrono::milliseconds lease{10'000};
   // HOST:PORT for HTTP (status page, /api/status, /metrics, /healthz, kube-scheduler extender at
   // /scheduler/filter and /scheduler/prioritize, admission webhook at /webhook/mutate); empty =
-  // no HTTP. With http_tls set, HTTPS.
+  // no HTTP.
   std::string http_listen;
-  HttpTls http_tls;
+  // HOST:PORT serving the same over HTTPS with this certificate (the Kubernetes API server calls
+  // admission webhooks over HTTPS only); empty = none.
+  std::string https_listen;
+  HttpTls https_tls;
   // Cluster token every gRPC call must carry (empty: none required); HTTP requests must carry it
   // too (Authorization: Bearer) except for these paths (common/http_server.h).
   std::string token;

@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StatusSurface::Serve(const std::stri
                                                                  const HttpAccess& access,
                                                                  const HttpTls& tls) {
   return HttpServer::Start(
-      listen, "--http",
+      listen, tls.cert_file.empty() ? "--http" : "--https",
       [this](httplib::Server& http) {
         http.Post("/scheduler/filter", [this](const httplib::Request& req, httplib::Response& res) {
           res.set_content(ExtenderFilter(req.body, Extender()), "application/json");

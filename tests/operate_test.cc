@@ -457,6 +457,12 @@ TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
   EXPECT_NE(out.find("meta-replicas.yaml: StatefulSet/ember-etcd"), std::string::npos) << out;
   EXPECT_NE(out.find("meta-replicas.yaml: PodDisruptionBudget/ember-meta"), std::string::npos)
       << out;
+  // Datasets as volumes (#24): the CSI driver, its node plugin beside the agent, the webhook.
+  EXPECT_NE(out.find("csi-driver.yaml: CSIDriver/csi.ember.io"), std::string::npos) << out;
+  EXPECT_NE(out.find("webhook.yaml: MutatingWebhookConfiguration/ember-placement"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("example-dataset-pod.yaml: Pod/resnet-inline"), std::string::npos) << out;
   // The validator does reject a broken manifest.
   TempDir dir;
   std::string bad = ReadFile(EMBER_SOURCE_DIR "/deploy/kubernetes/meta.yaml");

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
@@ -27,11 +28,13 @@ using testing::WriteRandomFile;
 
 class SchedulerTest : public ::testing::Test {
  protected:
+  // More `ember meta` flags (a subclass's).
+  virtual std::vector<std::string> MetaArgs() { return {}; }
   void SetUp() override {
     http_port_ = testing::FreePort();
-    meta_ = std::make_unique<MetaProcess>(
-        dir_.Sub("meta"), "1500ms",
-        std::vector<std::string>{"--http", absl::StrCat("127.0.0.1:", http_port_)});
+    std::vector<std::string> args{"--http", absl::StrCat("127.0.0.1:", http_port_)};
+    for (std::string& a : MetaArgs()) args.push_back(std::move(a));
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "1500ms", args);
     fs::create_directories(dir_.Sub("origin"));
     for (int i = 0; i < 4; i++) {
       WriteRandomFile(dir_.Sub(absl::StrCat("origin/part-", i)), 3 << 20, i);
@@ -207,6 +210,79 @@ TEST_F(SchedulerTest, ExtenderOverHttp) {
   ASSERT_TRUE(res);
   EXPECT_FALSE(json::parse(res->body)["Error"].get<std::string>().empty());
   EXPECT_TRUE(http.Get("/healthz"));  // still serving
+}
+
+// Meta's HTTP over TLS, as the API server calls admission webhooks.
+class SchedulerTlsTest : public SchedulerTest {
+ protected:
+  std::vector<std::string> MetaArgs() override {
+    if (std::system("command -v openssl >/dev/null") != 0) return {};
+    cert_ = dir_.Sub("meta.pem");
+    const std::string cmd = absl::StrCat(
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ember-meta -addext "
+        "subjectAltName=IP:127.0.0.1 -keyout ",
+        dir_.Sub("meta.key"), " -out ", cert_, " 2>/dev/null");
+    if (std::system(cmd.c_str()) != 0) cert_.clear();
+    if (cert_.empty()) return {};
+    https_port_ = testing::FreePort();
+    return {"--https",      absl::StrCat("127.0.0.1:", https_port_),
+            "--https-cert", cert_,
+            "--https-key",  dir_.Sub("meta.key")};
+  }
+  std::string cert_;
+  int https_port_ = 0;
+};
+
+TEST_F(SchedulerTlsTest, AdmissionWebhookOverHttps) {
+  if (cert_.empty()) GTEST_SKIP() << "openssl not installed";
+  SimulatedNodes(2, 2, 8);  // s0n0 s0n1 on switch s0, s1n0 s1n1 on s1; all on rack r0
+  Warm("s0n0");
+  httplib::SSLClient https("127.0.0.1", https_port_);
+  https.set_ca_cert_path(cert_.c_str());
+  https.enable_server_certificate_verification(true);
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"generateName", "trainer-"},
+                {"namespace", "ml"},
+                {"annotations", {{"ember.io/dataset", "ds"}, {"ember.io/mount-path", "/data"}}}}},
+              {"spec", {{"containers", {{{"name", "train"}, {"image", "trainer:1"}}}}}}};
+  json review = {{"apiVersion", "admission.k8s.io/v1"},
+                 {"kind", "AdmissionReview"},
+                 {"request",
+                  {{"uid", "e911857d-c318-11e8-bbad-025000000001"},
+                   {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+                   {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+                   {"operation", "CREATE"},
+                   {"object", pod}}}};
+  auto res = https.Post("/webhook/mutate", review.dump(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200);
+  json out = json::parse(res->body)["response"];
+  EXPECT_EQ(out["uid"], "e911857d-c318-11e8-bbad-025000000001");
+  EXPECT_EQ(out["allowed"], true);
+  ASSERT_EQ(out["patchType"], "JSONPatch") << out.dump();
+  std::string ops;
+  ASSERT_TRUE(absl::Base64Unescape(out["patch"].get<std::string>(), &ops));
+  json patched = pod.patch(json::parse(ops));
+  const json& pref = patched["spec"]["affinity"]["nodeAffinity"]
+                            ["preferredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(pref.size(), 3u) << patched.dump(1);
+  EXPECT_EQ(pref[0]["weight"], 100);
+  EXPECT_EQ(pref[0]["preference"]["matchExpressions"][0]["values"], json({"s0n0"}));
+  EXPECT_EQ(pref[1]["preference"]["matchExpressions"][0]["values"], json({"s0n1"}));
+  EXPECT_EQ(pref[2]["preference"]["matchExpressions"][0]["values"], json({"s1n0", "s1n1"}));
+  EXPECT_EQ(patched["spec"]["volumes"][0]["csi"]["volumeAttributes"]["dataset"], "ds");
+  EXPECT_EQ(patched["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], "/data");
+  // Garbage gets an allowed answer, and the server goes on.
+  res = https.Post("/webhook/mutate", "garbage{", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["response"]["allowed"], true);
+  EXPECT_TRUE(https.Get("/healthz"));
+  // Plain HTTP to the HTTPS port gets nothing useful.
+  httplib::Client http("127.0.0.1", https_port_);
+  auto plain = http.Get("/healthz");
+  EXPECT_TRUE(!plain || plain->status != 200);
 }
 
 TEST_F(SchedulerTest, RequiredModePrefetchesThenStarts) {

@@ -43,8 +43,9 @@ void AddMetaCommand(CLI::App& app) {
     std::string tls_ca;
     std::string reserve = "64MiB";
     std::string http_open = "/healthz";
-    std::string http_tls_cert;
-    std::string http_tls_key;
+    std::string https;
+    std::string https_cert;
+    std::string https_key;
     std::string replica_id;
     std::string etcd;
     std::string etcd_prefix = "/ember/meta/";
@@ -60,10 +61,11 @@ void AddMetaCommand(CLI::App& app) {
                   "HOST:PORT for HTTP: the status page (/), /api/status, /metrics, /healthz "
                   "the kube-scheduler extender (/scheduler/filter, /scheduler/prioritize) and the "
                   "admission webhook (/webhook/mutate)");
-  cmd->add_option("--http-tls-cert", opts->http_tls_cert,
-                  "PEM certificate chain: serve --http over HTTPS (the API server calls the "
-                  "admission webhook over HTTPS only)");
-  cmd->add_option("--http-tls-key", opts->http_tls_key, "PEM private key of --http-tls-cert");
+  cmd->add_option("--https", opts->https,
+                  "HOST:PORT serving what --http serves over HTTPS (the Kubernetes API server "
+                  "calls the admission webhook /webhook/mutate over HTTPS only)");
+  cmd->add_option("--https-cert", opts->https_cert, "PEM certificate chain for --https");
+  cmd->add_option("--https-key", opts->https_key, "PEM private key of --https-cert");
   cmd->add_option("--http-open", opts->http_open,
                   "With a cluster token, HTTP paths served without it (comma-separated; a path "
                   "ending in / covers what is below it), e.g. /healthz,/metrics for probes and a "
@@ -111,7 +113,8 @@ void AddMetaCommand(CLI::App& app) {
     options.data_dir = opts->data_dir;
     options.lease = *lease;
     options.http_listen = opts->http;
-    options.http_tls = {opts->http_tls_cert, opts->http_tls_key};
+    options.https_listen = opts->https;
+    options.https_tls = {opts->https_cert, opts->https_key};
     MetaFlags token_only;
     token_only.token_file = opts->token_file;
     options.token = ResolveCredentials(token_only).token;

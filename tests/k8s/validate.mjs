@@ -9,6 +9,8 @@ const groups = {
   "apps/v1": "kubernetes-models/apps/v1",
   "rbac.authorization.k8s.io/v1": "kubernetes-models/rbac.authorization.k8s.io/v1",
   "policy/v1": "kubernetes-models/policy/v1",
+  "storage.k8s.io/v1": "kubernetes-models/storage.k8s.io/v1",
+  "admissionregistration.k8s.io/v1": "kubernetes-models/admissionregistration.k8s.io/v1",
 };
 let bad = 0, checked = 0;
 for (const file of process.argv.slice(2)) {
