@@ -150,8 +150,13 @@ class MetaClient::Impl {
     // call did not happen there. Meta's own Unavailable errors (a failing disk) are answers.
     const bool answered =
         ctx != nullptr && ctx->GetServerTrailingMetadata().count(kAnsweredMetadataKey) > 0;
-    const bool unreachable = s.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                             (!answered || absl::StrContains(s.error_message(), "no longer leads"));
+    // A replica that shut its server down mid-call (standing down, stopping) cancels the call:
+    // CANCELLED with no answer from meta is that, never ours (unary calls are not cancelled here;
+    // the CI's MetaHaTest.KilledLeaderIsReplaced... met it on a read right after a failover).
+    const bool unreachable =
+        (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         (!answered || absl::StrContains(s.error_message(), "no longer leads"))) ||
+        (s.error_code() == grpc::StatusCode::CANCELLED && !answered);
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && endpoints.size() > 1) {
       // A replica that hangs (stopped, cut off): the call may have happened, so it is not
       // tried again, but the next one goes elsewhere.
