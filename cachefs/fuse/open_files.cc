@@ -72,11 +72,6 @@ size_t OpenFiles::Restore(const KernelFuseState& state) {
     opens[f.fh] = std::move(o);
   }
   absl::MutexLock lock(&mu_);
-  // Backing files the predecessor kept lingering, with no open file now: unregistered here.
-  for (const auto& [ino, id] : state.backing_ids) {
-    auto it = inodes.find(ino);
-    if (it == inodes.end() || it->second.backing_id != id) CloseBacking(id);
-  }
   opens_ = std::move(opens);
   inodes_ = std::move(inodes);
   next_fh_ = state.next_fh;
@@ -98,10 +93,8 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
   }
   absl::StatusOr<FileSystem::Backing> backing = absl::NotFoundError("not tried");
   if (try_backing) backing = fs_->OpenBacking(ino);
-  std::shared_ptr<FileSystem::FileHandle> unused;   // released after the lock
-  std::vector<std::shared_ptr<const void>> unhold;  // likewise
+  std::shared_ptr<FileSystem::FileHandle> unused;  // released after the lock
   absl::MutexLock lock(&mu_);
-  SweepLocked(&unhold);
   Inode& in = inodes_[ino];
   OpenRecord o;
   o.ino = ino;
@@ -112,7 +105,6 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
       if (id > 0) {
         in.backing_id = id;
         in.hold = backing->hold;
-        backing_registrations_++;
       } else {
         spdlog::warn("fuse: passthrough unavailable ({}); reads go through the daemon",
                      strerror(errno));
@@ -122,7 +114,6 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
     if (in.backing_id > 0) {
       o.passthrough = true;
       in.passthrough_opens++;
-      in.idle_since = {};  // in use again: no longer lingering
       out->open_flags = FOPEN_PASSTHROUGH;
       out->backing_id = in.backing_id;
     }
@@ -186,10 +177,9 @@ std::shared_ptr<FileSystem::FileHandle> OpenFiles::InodeHandle(uint64_t ino) {
 }
 
 void OpenFiles::Release(uint64_t fh) {
-  std::vector<std::shared_ptr<const void>> unhold;  // released after the lock
-  std::shared_ptr<FileSystem::FileHandle> handle;   // likewise
+  std::shared_ptr<const void> unhold;              // released after the lock
+  std::shared_ptr<FileSystem::FileHandle> handle;  // likewise
   absl::MutexLock lock(&mu_);
-  SweepLocked(&unhold);
   auto it = opens_.find(fh);
   if (it == opens_.end()) return;
   OpenRecord o = std::move(it->second);
@@ -199,36 +189,15 @@ void OpenFiles::Release(uint64_t fh) {
   auto in = inodes_.find(o.ino);
   if (in == inodes_.end()) return;
   if (o.passthrough) {
-    if (--in->second.passthrough_opens == 0 && in->second.backing_id > 0) {
-      // Lingers: the next open within kLinger reuses it (SweepLocked closes it after).
-      in->second.idle_since = std::chrono::steady_clock::now();
-      lingering_.emplace_back(o.ino, in->second.idle_since);
+    if (--in->second.passthrough_opens == 0) {
+      CloseBacking(in->second.backing_id);
+      unhold = std::move(in->second.hold);
+      in->second.backing_id = 0;
     }
   } else if (in->second.cached_opens > 0) {
     in->second.cached_opens--;
   }
-  if (in->second.passthrough_opens == 0 && in->second.cached_opens == 0 &&
-      in->second.backing_id == 0) {
-    inodes_.erase(in);
-  }
-}
-
-void OpenFiles::SweepLocked(std::vector<std::shared_ptr<const void>>* unhold) {
-  const auto now = std::chrono::steady_clock::now();
-  while (!lingering_.empty() && now - lingering_.front().second >= kLinger) {
-    const auto [ino, since] = lingering_.front();
-    lingering_.pop_front();
-    auto in = inodes_.find(ino);
-    // Reopened since (idle_since reset or moved on): not this entry's to close.
-    if (in == inodes_.end() || in->second.passthrough_opens > 0 || in->second.idle_since != since) {
-      continue;
-    }
-    CloseBacking(in->second.backing_id);
-    in->second.backing_id = 0;
-    in->second.idle_since = {};
-    unhold->push_back(std::move(in->second.hold));
-    if (in->second.cached_opens == 0) inodes_.erase(in);
-  }
+  if (in->second.passthrough_opens == 0 && in->second.cached_opens == 0) inodes_.erase(in);
 }
 
 void OpenFiles::CloseBacking(int32_t id) {
@@ -269,12 +238,9 @@ OpenFiles::Stats OpenFiles::GetStats() {
   s.passthrough = passthrough_;
   s.passthrough_opens = passthrough_opens_;
   s.daemon_opens = daemon_opens_;
-  s.backing_registrations = backing_registrations_;
-  std::vector<std::shared_ptr<const void>> unhold;  // released after the lock
   absl::MutexLock lock(&mu_);
-  SweepLocked(&unhold);  // asked every few seconds (metrics, heartbeats): lingering ends
   for (const auto& [ino, in] : inodes_) {
-    if (in.backing_id > 0 && in.passthrough_opens > 0) s.passthrough_files_open++;
+    if (in.backing_id > 0) s.passthrough_files_open++;
   }
   return s;
 }
