@@ -36,6 +36,7 @@ rpc::NodeStats CollectNodeStats(BlockCache* cache, ReadPath* read_path, KernelFu
     s.set_passthrough_opens(k.passthrough_opens);
     s.set_daemon_opens(k.daemon_opens);
     s.set_passthrough_files_open(k.passthrough_files_open);
+    s.set_backing_registrations(k.backing_registrations);
   }
   s.set_capacity_bytes(c.capacity_bytes);
   s.set_used_bytes(c.used_bytes);
@@ -150,6 +151,9 @@ absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Start(
       &rpc::NodeStats::daemon_opens);
   add("ember_fuse_passthrough_files_open", "Files open now with the kernel reading the cache file.",
       "gauge", {}, &rpc::NodeStats::passthrough_files_open);
+  add("ember_fuse_backing_registrations_total",
+      "Cache files registered with the kernel as passthrough backing files.", "counter", {},
+      &rpc::NodeStats::backing_registrations);
   if (listen.empty()) return m;
   ASSIGN_OR_RETURN(m->http_, HttpServer::Start(listen, "--metrics-listen", {}, access));
   spdlog::info("node: metrics on http://{}:{}/metrics", m->http_->host(), m->http_->port());

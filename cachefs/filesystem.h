@@ -111,6 +111,9 @@ class FileSystem {
   struct Backing {
     int fd = -1;  // valid while `hold` lives
     std::shared_ptr<const void> hold;
+    // While `hold` lives: true when every block is still checked and the file unchanged since
+    // (what a later open of the same backing needs before the kernel reads it again).
+    std::function<bool()> still_checked;
   };
   virtual absl::StatusOr<Backing> OpenBacking(uint64_t /*ino*/, bool /*verified_only*/ = true) {
     return absl::NotFoundError("this file system has no backing files");

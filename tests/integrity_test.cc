@@ -125,6 +125,8 @@ TEST_P(FlipTest, FlippedBytesAreNeverServed) {
   Fill(*node);
   if (GetParam().passthrough && GetParam().binding == "kernel") {
     // Resident and checked by its fill: the next open is passed through (the kernel reads it).
+    // Its backing file then lingers after the close (open_files.h): the flip below happens
+    // within the linger, and the next open must not reuse it.
     ASSERT_EQ(ReadUncached(node->mount() + "/ds/large.bin"), large_);
     ASSERT_GE(Settled(*node).passthrough_opens(), 1u);
   }

@@ -142,6 +142,37 @@ TEST_F(PassthroughTest, NoPassthroughFlagServesEverythingThroughTheDaemon) {
   EXPECT_GE(s.bytes_from_cache(), 9 * kMiB);
 }
 
+TEST_F(PassthroughTest, ABackingFileLingersForTheNextOpen) {
+  WriteRandomFile(origin_ + "/rec.bin", 9 * kMiB, 11);
+  Ember({"dataset", "add", "ds", origin_});
+  auto node = StartNode();
+  const std::string path = node->mount() + "/ds/rec.bin";
+  const std::string want = ReadFile(origin_ + "/rec.bin");
+  ASSERT_EQ(ReadUncached(path), want);
+  rpc::NodeStats before = Settled(*node);
+  // A record reader: open, read a record, close; again and again (within the linger).
+  for (int i = 0; i < 20; i++) {
+    int fd = open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    std::string rec(4096, '\0');
+    ASSERT_EQ(pread(fd, rec.data(), rec.size(), i * 100000), 4096);
+    EXPECT_EQ(rec, want.substr(static_cast<size_t>(i) * 100000, 4096));
+    close(fd);
+  }
+  rpc::NodeStats after = Settled(*node);
+  EXPECT_EQ(after.passthrough_opens(), before.passthrough_opens() + 20);
+  EXPECT_EQ(after.backing_registrations(), before.backing_registrations() + 1);
+  EXPECT_EQ(after.passthrough_files_open(), 0u);  // none open now, though one lingers
+  // Past the linger it is let go: the next open registers it again.
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  (void)Settled(*node);  // heartbeats sweep lingering backing files
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(PreadAll(fd, want.size()) == want);
+  close(fd);
+  EXPECT_EQ(Settled(*node).backing_registrations(), before.backing_registrations() + 2);
+}
+
 TEST_F(PassthroughTest, EvictionNeverPunchesAFileOpenInPassthrough) {
   // A 28 MiB cache: the open file holds 16 MiB of it, two 24 MiB files churn the rest (larger
   // than the blocks the agent keeps in memory, readahead + 2 = 3 here, so their blocks are

@@ -203,7 +203,9 @@ absl::StatusOr<FileSystem::Backing> ReadPath::HoldFile(const FileRef& file, bool
   int fd = -1;
   hold->fd = cache_->OpenBacking(file.Block(0), &fd);
   if (!hold->fd) return absl::NotFoundError("the cache file cannot be opened");
-  return FileSystem::Backing{fd, hold};
+  // Raw pointers: the caller keeps `hold` (so the cache) alive for as long as it may ask.
+  PassthroughHold* const h = hold.get();
+  return FileSystem::Backing{fd, hold, [h] { return h->cache->AllChecked(h->holds); }};
 }
 
 std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, FillRoute route,

@@ -72,6 +72,11 @@ size_t OpenFiles::Restore(const KernelFuseState& state) {
     opens[f.fh] = std::move(o);
   }
   absl::MutexLock lock(&mu_);
+  // Backing files the predecessor kept lingering, with no open file now: unregistered here.
+  for (const auto& [ino, id] : state.backing_ids) {
+    auto it = inodes.find(ino);
+    if (it == inodes.end() || it->second.backing_id != id) CloseBacking(id);
+  }
   opens_ = std::move(opens);
   inodes_ = std::move(inodes);
   next_fh_ = state.next_fh;
@@ -85,11 +90,32 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
   // Passthrough while no open file of this inode goes through us (the kernel refuses to mix the
   // two on one inode), and only for files whose blocks are all resident (then held). Holding
   // (and verifying after a restart) happens outside the lock.
+  // A lingering backing (no open now) is reused only after the same check as a first open.
+  std::vector<std::shared_ptr<const void>> unhold;  // released after the lock
   bool try_backing;
+  std::function<bool()> recheck;
+  std::chrono::steady_clock::time_point lingering_since{};
   {
     absl::MutexLock lock(&mu_);
+    SweepLocked(&unhold);
     const Inode& in = inodes_[ino];
+    if (passthrough_ && in.cached_opens == 0 && in.backing_id > 0 && in.passthrough_opens == 0) {
+      recheck = in.still_checked;
+      lingering_since = in.idle_since;
+    }
     try_backing = passthrough_ && in.cached_opens == 0 && in.backing_id == 0;
+  }
+  if (lingering_since != std::chrono::steady_clock::time_point{} && (!recheck || !recheck())) {
+    // Not trusted any more: let it go; this open goes the way of a first one.
+    absl::MutexLock lock(&mu_);
+    auto it = inodes_.find(ino);
+    if (it != inodes_.end() && it->second.backing_id > 0 && it->second.passthrough_opens == 0 &&
+        it->second.idle_since == lingering_since) {
+      EndBackingLocked(it, &unhold);
+    }
+    it = inodes_.find(ino);
+    try_backing = passthrough_ && (it == inodes_.end() ||
+                                   (it->second.cached_opens == 0 && it->second.backing_id == 0));
   }
   absl::StatusOr<FileSystem::Backing> backing = absl::NotFoundError("not tried");
   if (try_backing) backing = fs_->OpenBacking(ino);
@@ -105,6 +131,8 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
       if (id > 0) {
         in.backing_id = id;
         in.hold = backing->hold;
+        in.still_checked = backing->still_checked;
+        backing_registrations_++;
       } else {
         spdlog::warn("fuse: passthrough unavailable ({}); reads go through the daemon",
                      strerror(errno));
@@ -114,6 +142,7 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
     if (in.backing_id > 0) {
       o.passthrough = true;
       in.passthrough_opens++;
+      in.idle_since = {};  // in use again: no longer lingering
       out->open_flags = FOPEN_PASSTHROUGH;
       out->backing_id = in.backing_id;
     }
@@ -177,9 +206,10 @@ std::shared_ptr<FileSystem::FileHandle> OpenFiles::InodeHandle(uint64_t ino) {
 }
 
 void OpenFiles::Release(uint64_t fh) {
-  std::shared_ptr<const void> unhold;              // released after the lock
-  std::shared_ptr<FileSystem::FileHandle> handle;  // likewise
+  std::vector<std::shared_ptr<const void>> unhold;  // released after the lock
+  std::shared_ptr<FileSystem::FileHandle> handle;   // likewise
   absl::MutexLock lock(&mu_);
+  SweepLocked(&unhold);
   auto it = opens_.find(fh);
   if (it == opens_.end()) return;
   OpenRecord o = std::move(it->second);
@@ -189,15 +219,53 @@ void OpenFiles::Release(uint64_t fh) {
   auto in = inodes_.find(o.ino);
   if (in == inodes_.end()) return;
   if (o.passthrough) {
-    if (--in->second.passthrough_opens == 0) {
-      CloseBacking(in->second.backing_id);
-      unhold = std::move(in->second.hold);
-      in->second.backing_id = 0;
+    if (--in->second.passthrough_opens == 0 && in->second.backing_id > 0) {
+      // Lingers: the next open within kLinger may reuse it (SweepLocked closes it after).
+      in->second.idle_since = std::chrono::steady_clock::now();
+      lingering_.emplace_back(o.ino, in->second.idle_since);
+      if (lingering_.size() > kMaxLingering) {
+        // The oldest lingering one goes now (its entry, stale or not, is dropped).
+        const auto [ino, since] = lingering_.front();
+        lingering_.pop_front();
+        auto old = inodes_.find(ino);
+        if (old != inodes_.end() && old->second.passthrough_opens == 0 &&
+            old->second.backing_id > 0 && old->second.idle_since == since) {
+          EndBackingLocked(old, &unhold);
+        }
+        in = inodes_.find(o.ino);
+      }
     }
   } else if (in->second.cached_opens > 0) {
     in->second.cached_opens--;
   }
-  if (in->second.passthrough_opens == 0 && in->second.cached_opens == 0) inodes_.erase(in);
+  if (in->second.passthrough_opens == 0 && in->second.cached_opens == 0 &&
+      in->second.backing_id == 0) {
+    inodes_.erase(in);
+  }
+}
+
+void OpenFiles::SweepLocked(std::vector<std::shared_ptr<const void>>* unhold) {
+  const auto now = std::chrono::steady_clock::now();
+  while (!lingering_.empty() && now - lingering_.front().second >= kLinger) {
+    const auto [ino, since] = lingering_.front();
+    lingering_.pop_front();
+    auto in = inodes_.find(ino);
+    // Reopened since (idle_since reset or moved on): not this entry's to close.
+    if (in == inodes_.end() || in->second.passthrough_opens > 0 || in->second.idle_since != since) {
+      continue;
+    }
+    EndBackingLocked(in, unhold);
+  }
+}
+
+void OpenFiles::EndBackingLocked(std::unordered_map<uint64_t, Inode>::iterator in,
+                                 std::vector<std::shared_ptr<const void>>* unhold) {
+  CloseBacking(in->second.backing_id);
+  in->second.backing_id = 0;
+  in->second.idle_since = {};
+  in->second.still_checked = nullptr;
+  unhold->push_back(std::move(in->second.hold));
+  if (in->second.cached_opens == 0) inodes_.erase(in);
 }
 
 void OpenFiles::CloseBacking(int32_t id) {
@@ -238,9 +306,12 @@ OpenFiles::Stats OpenFiles::GetStats() {
   s.passthrough = passthrough_;
   s.passthrough_opens = passthrough_opens_;
   s.daemon_opens = daemon_opens_;
+  s.backing_registrations = backing_registrations_;
+  std::vector<std::shared_ptr<const void>> unhold;  // released after the lock
   absl::MutexLock lock(&mu_);
+  SweepLocked(&unhold);  // asked every few seconds (metrics, heartbeats): lingering ends
   for (const auto& [ino, in] : inodes_) {
-    if (in.backing_id > 0) s.passthrough_files_open++;
+    if (in.backing_id > 0 && in.passthrough_opens > 0) s.passthrough_files_open++;
   }
   return s;
 }

@@ -5,8 +5,15 @@
 // Passthrough (Linux 6.9+): a file whose blocks are all resident is opened with its cache file
 // as backing file (FileSystem::OpenBacking holds every block), so the kernel reads it directly
 // with no request to this process. The hold lasts until the inode's last passthrough open is
-// released, so eviction never punches a range the kernel reads. The kernel refuses to mix
-// cached and passthrough opens of one inode: an inode with a daemon-served open stays served by
+// released, so eviction never punches a range the kernel reads, and then lingers kLinger with no
+// open (still registered and held): a loader that opens the same files again and again (one open
+// per record batch: MLPerf's resnet50 reader) reuses it instead of holding every block, opening
+// the cache file and registering it again per open. Such a reuse is a new open like any other:
+// it is passed through only when every block is still checked and the cache file unchanged
+// since (Backing::still_checked: a block quarantined, a page check forgotten or a foreign change
+// in the meantime ends the linger, and the open goes the way of a first open). At most
+// kMaxLingering files linger (their blocks stay held; eviction skips them). The kernel refuses to
+// mix cached and passthrough opens of one inode: an inode with a daemon-served open stays served by
 // the daemon until that closes.
 //
 // Under a supervisor (supervisor.h) every open and release is reported to it.
@@ -25,10 +32,14 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -44,6 +55,9 @@ class OpenFiles {
   // MountOptions. The FileSystem must outlive this.
   OpenFiles(FileSystem* fs, int fuse_fd, bool direct_io, bool no_open = false);
   static constexpr size_t kInodeStreams = 1024;
+  // How long a backing file stays registered (and its blocks held) after its last open closed.
+  static constexpr std::chrono::seconds kLinger{5};
+  static constexpr size_t kMaxLingering = 64;
 
   // No-open mode: OPEN is answered ENOSYS.
   bool no_open() const { return no_open_; }
@@ -85,16 +99,20 @@ class OpenFiles {
     bool passthrough = false;  // negotiated and not disabled by a failure
     uint64_t passthrough_opens = 0;
     uint64_t daemon_opens = 0;
-    uint64_t passthrough_files_open = 0;  // inodes with a backing file now
+    uint64_t passthrough_files_open = 0;  // inodes read through a backing file now
+    uint64_t backing_registrations = 0;   // backing files registered with the kernel
   };
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Inode {
     int32_t backing_id = 0;
-    uint32_t passthrough_opens = 0;    // open files reading through the backing file
-    uint32_t cached_opens = 0;         // open files served by this process
-    std::shared_ptr<const void> hold;  // the file's blocks, while backing_id is set
+    uint32_t passthrough_opens = 0;       // open files reading through the backing file
+    uint32_t cached_opens = 0;            // open files served by this process
+    std::shared_ptr<const void> hold;     // the file's blocks, while backing_id is set
+    std::function<bool()> still_checked;  // of `hold`: may a new open reuse the backing?
+    // When the last passthrough open closed (the backing lingers from then), else unset.
+    std::chrono::steady_clock::time_point idle_since{};
   };
   struct OpenRecord {
     uint64_t ino = 0;
@@ -102,6 +120,15 @@ class OpenFiles {
     bool passthrough = false;
   };
   void CloseBacking(int32_t id);
+  // Ends the backing of an inode with no passthrough open: unregistered, its hold to `unhold`;
+  // the inode is forgotten when nothing else is open.
+  void EndBackingLocked(std::unordered_map<uint64_t, Inode>::iterator in,
+                        std::vector<std::shared_ptr<const void>>* unhold)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the backing files that lingered kLinger unused; their holds go to `unhold` (released
+  // by the caller after the lock).
+  void SweepLocked(std::vector<std::shared_ptr<const void>>* unhold)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SnapshotLocked(KernelFuseState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   FileSystem* const fs_;
@@ -110,11 +137,14 @@ class OpenFiles {
   const bool no_open_;
   std::atomic<bool> passthrough_{false};  // new opens of resident files use passthrough
   std::atomic<bool> direct_io_mmap_{false};
-  std::atomic<uint64_t> passthrough_opens_{0}, daemon_opens_{0};
+  std::atomic<uint64_t> passthrough_opens_{0}, daemon_opens_{0}, backing_registrations_{0};
 
   absl::Mutex mu_;
   std::unordered_map<uint64_t, OpenRecord> opens_ ABSL_GUARDED_BY(mu_);  // by fh
-  std::unordered_map<uint64_t, Inode> inodes_ ABSL_GUARDED_BY(mu_);      // inodes with opens
+  std::unordered_map<uint64_t, Inode> inodes_ ABSL_GUARDED_BY(mu_);      // with opens or a backing
+  // Inodes whose backing lingers, oldest first, with their idle_since then.
+  std::deque<std::pair<uint64_t, std::chrono::steady_clock::time_point>> lingering_
+      ABSL_GUARDED_BY(mu_);
   uint64_t next_fh_ ABSL_GUARDED_BY(mu_) = 1;
   // No-open mode: read state by inode, most recently read first.
   using StreamList = std::list<std::pair<uint64_t, std::shared_ptr<FileSystem::FileHandle>>>;
