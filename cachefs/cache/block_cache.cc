@@ -122,8 +122,11 @@ bool BlockCache::StampAgreesLocked(const BlockAddr& addr, uint32_t segment, uint
   if (stamp == 0) return false;
   auto [it, fresh] = files_state_.emplace(KeyOf(addr, segment), FileState{stamp, 0});
   FileState& f = it->second;
-  if (fresh || f.stamp == stamp) return !fresh;        // first sight: a baseline, nothing known yet
-  if (stamp < f.stamp || f.writers > 0) return false;  // an older look, or our write under way
+  if (fresh || f.stamp == stamp) return !fresh;  // first sight: a baseline, nothing known yet
+  if (stamp < f.stamp) return false;             // an older look
+  // Our own write to another range of the file is under way (a fill's block stored beside the
+  // ones being read): the change is taken as ours, as FinishInsert will record it.
+  if (f.writers > 0) return true;
   // Newer than the agent's own last change: someone else wrote the file. Nothing of it is known.
   f.stamp = stamp;
   uint64_t cleared = 0;

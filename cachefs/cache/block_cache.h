@@ -34,13 +34,17 @@
 //  - `verified`: the copy in the page cache was checked and, as far as the agent can tell, has
 //    stayed there unchanged. A daemon-path read copies the bytes with RWF_NOWAIT, which fails
 //    when any page must come from the disk; then, or when the block is not verified, the whole
-//    block is read and checked before any byte goes out (ReadVerified). So a block costs one
+//    block is read and checked before any byte goes out (ReadVerified; concurrent readers of
+//    such a block wait for the one that checks it). So a block costs one
 //    checksum per stay in memory, not one per request. What could put unchecked pages into the
 //    page cache behind the agent's back is kept out: its read fds have readahead off
 //    (FADV_RANDOM), passthrough has its own fd and ends a file's verified bits when it closes,
 //    peers are served only checked blocks, and the scrubber reads with O_DIRECT.
 // Someone else writing a cache file (a stray process, a tool) changes its ctime: the agent keeps
-// each file's ctime after its own last change, and a newer one clears the file's facts. A block
+// each file's ctime after its own last change, and a newer one clears the file's facts. While
+// the agent itself writes a block into a file (a fill stored beside the blocks being read), a
+// newer ctime is taken as that write's: a change by someone else in that window goes unnoticed
+// (until the scrubber reads the disk), as it would once the write's ctime is recorded. A block
 // found bad is quarantined: no read gets its bytes, it leaves the index (and meta's view: peers
 // stop being sent to it), it is punched once no hold remains, the event is counted and logged,
 // and the quarantine listener refills it (in place, when held: a passthrough open then reads
@@ -227,8 +231,9 @@ class BlockCache {
     Node* lru_prev = nullptr;     // toward the most recently used
     Node* lru_next = nullptr;     // toward the least recently used
     uint32_t generation = 0;      // tells a re-inserted block from the one a hold saw
-    uint32_t length : 28 = 0;     // <= kMaxBlockSize
+    uint32_t length : 27 = 0;     // <= kMaxBlockSize
     uint32_t verified : 1 = 0;    // the page cache's copy was checked (see the header)
+    uint32_t verifying : 1 = 0;   // a reader is checking the whole block; others wait for it
     uint32_t checked : 1 = 0;     // the bytes were checked since this agent started
     uint32_t writing : 1 = 0;     // bytes being written, not yet resident
     uint32_t doomed : 1 = 0;      // dropped while held
@@ -236,7 +241,7 @@ class BlockCache {
     uint32_t segment = 0;  // the small-object segment holding it; 0: its file's cache file
   };
   static_assert(sizeof(Entry) == 56);
-  static_assert(kMaxBlockSize < (1u << 28));
+  static_assert(kMaxBlockSize < (1u << 27));
 
   explicit BlockCache(const Options& options);
   // An insert under way: decided at once (already resident, not admitted, no segment), or its
@@ -320,6 +325,7 @@ class BlockCache {
   std::function<void(const BlockAddr&)> quarantine_listener_;  // set once, before use
 
   absl::Mutex mu_;
+  absl::CondVar verified_cv_;  // an Entry's `verifying` ended
   Blocks blocks_ ABSL_GUARDED_BY(mu_);
   Node* lru_front_ ABSL_GUARDED_BY(mu_) = nullptr;  // most recent
   Node* lru_back_ ABSL_GUARDED_BY(mu_) = nullptr;   // least recent

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -264,6 +265,39 @@ TEST(BlockCacheTest, DamagedRecordsAndShortFilesAreForgottenAtStart) {
 
 // Reads of blocks loaded from the index are checked before any byte goes out, and a bad copy is
 // quarantined: out of the cache, counted and logged once, its listener told.
+// Many readers of a block nobody checked yet (loaded after a restart; or just stored O_DIRECT,
+// its pages not in the page cache) : one reads and checks all of it, the others wait and copy.
+TEST(BlockCacheTest, ConcurrentReadersOfAnUncheckedBlockCheckItOnce) {
+  testing::TempDir dir;
+  const uint64_t big = 8ull << 20;  // long enough to check that the readers overlap
+  std::string good(big, '\0');
+  for (size_t i = 0; i < good.size(); i++) good[i] = static_cast<char>(i * 131 + (i >> 12));
+  {
+    auto cache = OpenCache(dir.path(), 4 * big);
+    ASSERT_EQ(cache->Insert({1, 1, 2, 0}, big, 0, good, BlockChecksum(good.data(), big)),
+              BlockCache::InsertResult::kStored);
+  }
+  auto cache = OpenCache(dir.path(), 4 * big);
+  auto hold = cache->Acquire({1, 1, 2, 0});
+  ASSERT_NE(hold, nullptr);
+  ASSERT_FALSE(hold->checked);
+  std::vector<std::thread> readers;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; t++) {
+    readers.emplace_back([&, t] {
+      std::string out(4096, '\0');
+      const uint64_t pos = static_cast<uint64_t>(t) * 100000;
+      if (!cache->ReadVerified(*hold, pos, out.size(), out.data()).ok() ||
+          out != good.substr(pos, out.size())) {
+        wrong++;
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(cache->GetStats().verifications, 1u);
+}
+
 TEST(BlockCacheTest, LoadedBlocksAreCheckedOnReadAndBadOnesQuarantined) {
   testing::TempDir dir;
   std::string good(kBlock, 'g'), bad(kBlock, 'b');

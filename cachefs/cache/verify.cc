@@ -25,21 +25,54 @@ constexpr size_t kRecentCorruptions = 20;
 
 absl::Status BlockCache::ReadVerified(const BlockHold& hold, uint64_t pos, size_t len, char* dst) {
   for (int attempt = 0; attempt < 3; attempt++) {
-    const uint64_t before = ChangeStamp(hold.fd);
+    uint64_t before = ChangeStamp(hold.fd);
     bool verified = false;
+    bool lead = false;  // this reader checks the block; readers of it meanwhile wait
     {
       absl::MutexLock lock(&mu_);
-      auto it = blocks_.find(hold.addr);
-      verified = it != blocks_.end() && it->second.generation == hold.generation &&
-                 !it->second.doomed && StampAgreesLocked(hold.addr, hold.segment, before) &&
-                 it->second.verified;
+      for (;;) {
+        auto it = blocks_.find(hold.addr);
+        if (it == blocks_.end() || it->second.generation != hold.generation || it->second.doomed) {
+          break;  // VerifyNow reads and checks it (the hold keeps its bytes)
+        }
+        if (StampAgreesLocked(hold.addr, hold.segment, before) && it->second.verified) {
+          verified = true;
+          break;
+        }
+        if (!it->second.verifying) {
+          it->second.verifying = true;
+          lead = true;
+          break;
+        }
+        // Many readers of a block just stored (its pages not in the page cache: written
+        // O_DIRECT) would each read and check all of it: one does, the others then copy.
+        verified_cv_.Wait(&mu_);
+        mu_.Unlock();
+        before = ChangeStamp(hold.fd);
+        mu_.Lock();
+      }
     }
     // A checked copy still wholly in the page cache, and nobody wrote the file meanwhile (a
     // write changes the ctime before it changes the bytes).
-    if (verified && PreadCached(hold.fd, pos, len, dst) && ChangeStamp(hold.fd) == before) {
-      return absl::OkStatus();
+    if (verified && PreadCached(hold.fd, pos, len, dst)) {
+      const uint64_t after = ChangeStamp(hold.fd);
+      if (after == before) return absl::OkStatus();
+      absl::MutexLock lock(&mu_);  // changed meanwhile: by our own write elsewhere in the file?
+      auto it = blocks_.find(hold.addr);
+      if (it != blocks_.end() && it->second.generation == hold.generation && !it->second.doomed &&
+          StampAgreesLocked(hold.addr, hold.segment, after) && it->second.verified) {
+        return absl::OkStatus();
+      }
     }
     absl::Status st = VerifyNow(hold, before, pos, len, dst);
+    if (lead) {
+      absl::MutexLock lock(&mu_);
+      auto it = blocks_.find(hold.addr);
+      if (it != blocks_.end() && it->second.generation == hold.generation) {
+        it->second.verifying = false;
+      }
+      verified_cv_.SignalAll();
+    }
     if (!absl::IsAborted(st)) return st;
   }
   return absl::UnavailableError(absl::StrCat(
@@ -90,7 +123,7 @@ absl::Status BlockCache::VerifyNow(const BlockHold& hold, uint64_t before, uint6
     absl::MutexLock lock(&mu_);
     auto it = blocks_.find(hold.addr);
     if (it != blocks_.end() && it->second.generation == hold.generation && !it->second.doomed &&
-        after == before && StampAgreesLocked(hold.addr, hold.segment, after)) {
+        StampAgreesLocked(hold.addr, hold.segment, after)) {
       it->second.checked = true;
       it->second.verified = true;  // its pages are in the page cache now, just checked
     }
