@@ -58,6 +58,7 @@ size_t OpenFiles::Restore(const KernelFuseState& state) {
         auto b = fs_->OpenBacking(f.ino, /*verified_only=*/false);  // the kernel reads it already
         if (b.ok()) {
           in.hold = b->hold;
+          in.still_checked = b->still_checked;
           held++;
         } else {
           spdlog::error("takeover: cannot hold the blocks of open file (inode {}): {}", f.ino,
@@ -215,9 +216,11 @@ void OpenFiles::Release(uint64_t fh) {
   OpenRecord o = std::move(it->second);
   opens_.erase(it);
   handle = std::move(o.handle);
-  if (supervisor_ >= 0) SendOpenUpdate(supervisor_, false, {fh, o.ino, o.passthrough}, 0);
   auto in = inodes_.find(o.ino);
-  if (in == inodes_.end()) return;
+  if (in == inodes_.end()) {
+    if (supervisor_ >= 0) SendOpenUpdate(supervisor_, false, {fh, o.ino, o.passthrough}, 0);
+    return;
+  }
   if (o.passthrough) {
     if (--in->second.passthrough_opens == 0 && in->second.backing_id > 0) {
       // Lingers: the next open within kLinger may reuse it (SweepLocked closes it after).
@@ -237,6 +240,10 @@ void OpenFiles::Release(uint64_t fh) {
     }
   } else if (in->second.cached_opens > 0) {
     in->second.cached_opens--;
+  }
+  // With the backing id still registered (lingering): a successor must know it, to close it.
+  if (supervisor_ >= 0) {
+    SendOpenUpdate(supervisor_, false, {fh, o.ino, o.passthrough}, in->second.backing_id);
   }
   if (in->second.passthrough_opens == 0 && in->second.cached_opens == 0 &&
       in->second.backing_id == 0) {
@@ -261,6 +268,8 @@ void OpenFiles::SweepLocked(std::vector<std::shared_ptr<const void>>* unhold) {
 void OpenFiles::EndBackingLocked(std::unordered_map<uint64_t, Inode>::iterator in,
                                  std::vector<std::shared_ptr<const void>>* unhold) {
   CloseBacking(in->second.backing_id);
+  // The supervisor forgets the id (a release of no open file: fh 0 is never given out).
+  if (supervisor_ >= 0) SendOpenUpdate(supervisor_, false, {0, in->first, false}, 0);
   in->second.backing_id = 0;
   in->second.idle_since = {};
   in->second.still_checked = nullptr;

@@ -16,7 +16,9 @@
 // mix cached and passthrough opens of one inode: an inode with a daemon-served open stays served by
 // the daemon until that closes.
 //
-// Under a supervisor (supervisor.h) every open and release is reported to it.
+// Under a supervisor (supervisor.h) every open and release is reported to it, with the backing
+// id a release leaves lingering, and the end of a linger; a successor closes the lingering ones
+// (Restore), as it holds none of their blocks.
 //
 // No-open mode (MountOptions::no_open): OPEN is answered ENOSYS, after which the kernel opens
 // every file of the mount without asking (and never sends RELEASE), with FOPEN_KEEP_CACHE. Reads

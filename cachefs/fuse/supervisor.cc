@@ -63,10 +63,16 @@ bool ApplySupervisorMessage(const char* msg, size_t len, int passed_fd, KernelFu
         files.end());
     uint64_t ino = j.at("ino").get<uint64_t>();
     if (j.at("op") != "open") {
-      // The last passthrough open of an inode closes its backing id.
+      // After the last passthrough open of an inode its backing id is gone, or lingers
+      // (open_files.h: the release then names it; a later release of fh 0 ends it).
       bool still = std::any_of(files.begin(), files.end(),
                                [&](const auto& f) { return f.ino == ino && f.passthrough; });
-      if (!still) state->backing_ids.erase(ino);
+      const int32_t lingering = j.value("backing_id", 0);
+      if (!still && lingering > 0) {
+        state->backing_ids[ino] = lingering;
+      } else if (!still) {
+        state->backing_ids.erase(ino);
+      }
     } else {
       files.push_back({fh, ino, j.at("passthrough").get<bool>()});
       int32_t id = j.at("backing_id").get<int32_t>();
