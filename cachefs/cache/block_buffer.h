@@ -1,5 +1,7 @@
-// The bytes of one block in memory, as a fill receives them: 4 KiB-aligned (the cache writes them
-// with O_DIRECT straight from here) and not zero-filled first (a fill overwrites every byte).
+// The bytes of one block in memory, as a fill receives them: 4 KiB-aligned when at least 4 KiB
+// long (the cache writes them with O_DIRECT straight from here; shorter ones go through the page
+// cache and come from malloc's free lists) and not zero-filled first (a fill overwrites every
+// byte).
 // Large buffers are recycled through a small pool: a fresh 16 MiB allocation is 4,096 page
 // faults, which cost a cold read as much as receiving the bytes.
 //
