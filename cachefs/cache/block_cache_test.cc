@@ -25,12 +25,13 @@ constexpr uint32_t kBlock = 64 << 10;
 
 // small_max: files of at most this many bytes are packed into segments (0: none).
 std::unique_ptr<BlockCache> OpenCache(const std::string& dir, uint64_t capacity,
-                                      uint64_t small_max = 0) {
+                                      uint64_t small_max = 0, bool direct_writes = true) {
   BlockCache::Options o;
   o.dir = dir;
   o.capacity_bytes = capacity;
   o.expected_block_size = kBlock;
   o.small_file_max = small_max;
+  o.direct_writes = direct_writes;
   auto c = BlockCache::Open(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(*c);
@@ -52,12 +53,7 @@ TEST(BlockCacheTest, ShortBlockBuffersAreStoredByADirectWritingCache) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % BlockBuffer::kAlign, 0u) << n;
   }
   testing::TempDir dir;
-  BlockCache::Options o;
-  o.dir = dir.path();
-  o.capacity_bytes = 64ull * kBlock;
-  o.expected_block_size = kBlock;
-  o.direct_writes = true;
-  auto cache = std::move(*BlockCache::Open(o));
+  auto cache = OpenCache(dir.path(), 64ull * kBlock, /*small_max=*/4096);
   for (size_t n : {size_t{1}, size_t{2500}, size_t{4095}}) {
     BlockBuffer b(n);
     for (size_t i = 0; i < n; i++) b.data()[i] = static_cast<char>('a' + (i + n) % 26);
@@ -70,6 +66,7 @@ TEST(BlockCacheTest, ShortBlockBuffersAreStoredByADirectWritingCache) {
     for (const BlockAddr& a : {tail, only}) {
       auto h = cache->Acquire(a);
       ASSERT_NE(h, nullptr);
+      EXPECT_EQ(h->segment != 0, a == only) << n;
       std::string out(n, '\0');
       ASSERT_TRUE(cache->ReadVerified(*h, h->offset, n, out.data()).ok()) << n;
       EXPECT_EQ(out, std::string(b.view())) << n;
@@ -83,12 +80,7 @@ TEST(BlockCacheTest, ShortBlockBuffersAreStoredByADirectWritingCache) {
 TEST(BlockCacheTest, DirectAndBufferedWritesStoreTheSameBytes) {
   for (bool direct : {true, false}) {
     testing::TempDir dir;
-    BlockCache::Options o;
-    o.dir = dir.path();
-    o.capacity_bytes = 64ull * kBlock;
-    o.expected_block_size = kBlock;
-    o.direct_writes = direct;
-    auto cache = std::move(*BlockCache::Open(o));
+    auto cache = OpenCache(dir.path(), 64ull * kBlock, 0, direct);
     const uint64_t file_size = 3ull * kBlock + 777;
     testing::WriteRandomFile(dir.Sub("want"), file_size, direct ? 1 : 2);
     std::string want = testing::ReadFile(dir.Sub("want"));
