@@ -399,6 +399,8 @@ void BlockCache::BeginInsert(const InsertItem& item, Pending* p) {
     // holders' feet, then serve the block again. Its bytes still count in used_.
     e.doomed = false;
     e.writing = true;
+    e.verifying = false;  // a reader checking the old generation must not hold up the new one
+    verified_cv_.SignalAll();
     writing_++;
     e.checksum = item.checksum;
     e.generation = NewGenerationLocked();

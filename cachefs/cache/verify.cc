@@ -68,9 +68,9 @@ absl::Status BlockCache::ReadVerified(const BlockHold& hold, uint64_t pos, size_
     if (lead) {
       absl::MutexLock lock(&mu_);
       auto it = blocks_.find(hold.addr);
-      if (it != blocks_.end() && it->second.generation == hold.generation) {
-        it->second.verifying = false;
-      }
+      // Whatever its generation now (a revive may have replaced it): a flag left set would
+      // hold up every later reader; cleared too early, two readers check at once.
+      if (it != blocks_.end()) it->second.verifying = false;
       verified_cv_.SignalAll();
     }
     if (!absl::IsAborted(st)) return st;

@@ -95,6 +95,7 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
   std::vector<std::shared_ptr<const void>> unhold;  // released after the lock
   bool try_backing;
   std::function<bool()> recheck;
+  std::shared_ptr<const void> recheck_hold;
   std::chrono::steady_clock::time_point lingering_since{};
   {
     absl::MutexLock lock(&mu_);
@@ -102,6 +103,7 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
     const Inode& in = inodes_[ino];
     if (passthrough_ && in.cached_opens == 0 && in.backing_id > 0 && in.passthrough_opens == 0) {
       recheck = in.still_checked;
+      recheck_hold = in.hold;  // keeps what `recheck` reads alive if the linger ends meanwhile
       lingering_since = in.idle_since;
     }
     try_backing = passthrough_ && in.cached_opens == 0 && in.backing_id == 0;
