@@ -84,6 +84,41 @@ TEST(MetaStoreTest, RoundTripsAcrossReopen) {
   EXPECT_EQ(locs, 1);
 }
 
+// Checksums and locations are written in key order; a key given twice in one batch keeps its
+// last value, whatever order the batch came in.
+TEST(MetaStoreTest, ABatchKeepsTheLastValueOfAKeyGivenTwice) {
+  TempDir d;
+  {
+    auto store = MetaStore::Open(d.Sub("db"));
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::vector<std::pair<BlockAddr, uint64_t>> sums;
+    std::vector<MetaStore::LocationWrite> locs;
+    for (int round = 0; round < 2; round++) {
+      for (uint64_t i = 0; i < 300; i++) {
+        const uint64_t file = 1 + (i * 7919) % 300;  // shuffled
+        sums.push_back({BlockAddr{1, 1, file, 0}, round == 0 ? 1 : file});
+        locs.push_back({{1, 1, file}, "n1", std::string(1, round == 0 ? '\x01' : '\x03')});
+      }
+    }
+    ASSERT_TRUE((*store)->PutChecksums(sums).ok());
+    ASSERT_TRUE((*store)->PutLocations(locs).ok());
+  }
+  auto store = MetaStore::Open(d.Sub("db"));  // read from the store, not its recent checksums
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (uint64_t file = 1; file <= 300; file++) {
+    EXPECT_EQ(**(*store)->GetChecksum(BlockAddr{1, 1, file, 0}), file);
+  }
+  int seen = 0;
+  ASSERT_TRUE((*store)
+                  ->ForEachLocation([&](const MetaStore::FileKey& k, const std::string& node,
+                                        const std::string& bitmap) {
+                    seen++;
+                    EXPECT_EQ(bitmap, std::string(1, '\x03')) << "file " << k.file_id;
+                  })
+                  .ok());
+  EXPECT_EQ(seen, 300);
+}
+
 TEST(MetaStoreTest, DeleteDatasetRemovesEverything) {
   TempDir d;
   auto store = MetaStore::Open(d.Sub("db"));

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cachefs/cache/block_buffer.h"
+#include "cachefs/cache/block_index.h"
 #include "cachefs/cache/cache_files.h"
 #include "cachefs/cache/index_record.h"
 #include "cachefs/cache/scrubber.h"
@@ -774,6 +775,36 @@ TEST(SegmentTest, EmptySegmentsAreDeleted) {
   // ... and goes at the next start, nothing in the index referring to it.
   auto cache = OpenCache(dir.path(), 1ull << 30, kObj);
   EXPECT_EQ(CountFiles(dir.Sub("segments")), 0u);
+}
+
+// PutMany writes a batch in key order; a block given twice in one batch keeps its last record,
+// whatever order the batch came in.
+TEST(BlockIndexTest, ABatchKeepsTheLastRecordOfABlockGivenTwice) {
+  testing::TempDir dir;
+  {
+    auto index = BlockIndex::Open(dir.path());
+    ASSERT_TRUE(index.ok()) << index.status();
+    std::vector<IndexRecord> batch;
+    for (int round = 0; round < 2; round++) {
+      for (uint64_t i = 0; i < 300; i++) {
+        const uint64_t file = 1 + (i * 7919) % 300;  // shuffled
+        batch.push_back({{1, 1, file, 0}, round == 0 ? 1u : file, 0, 100, 0, 0});
+      }
+    }
+    ASSERT_TRUE((*index)->PutMany(batch).ok());
+  }
+  auto index = BlockIndex::Open(dir.path());
+  ASSERT_TRUE(index.ok()) << index.status();
+  size_t seen = 0;
+  uint64_t last_file = 0;
+  (*index)->Load([&](const IndexRecord& r) {
+    seen++;
+    EXPECT_GT(r.addr.file_id, last_file);  // in key order, each block once
+    last_file = r.addr.file_id;
+    EXPECT_EQ(r.checksum, r.addr.file_id) << "file " << r.addr.file_id;
+    return true;
+  });
+  EXPECT_EQ(seen, 300u);
 }
 
 }  // namespace
