@@ -344,6 +344,10 @@ absl::StatusOr<std::vector<bool>> ReadPath::HeldByPeers(const std::vector<BlockA
   return peers_->Holders(addrs);
 }
 
+bool ReadPath::LikelyUnheldByPeers(const BlockAddr& addr) {
+  return peers_ == nullptr || peers_->LikelyUnheld(addr);
+}
+
 void ReadPath::DropIdleRecent() {
   constexpr auto kIdle = std::chrono::seconds(30);
   constexpr size_t kWorthReleasing = 16u << 20;

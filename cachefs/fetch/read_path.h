@@ -126,6 +126,9 @@ class ReadPath {
   // Asks meta in one call which of `addrs` another live node holds (a prefetch plans with it).
   // Returns: per block, whether a peer holds it (all false without peers); meta's error.
   absl::StatusOr<std::vector<bool>> HeldByPeers(const std::vector<BlockAddr>& addrs);
+  // Meta said moments ago that no other live node holds any block of this block's dataset
+  // version (PeerFetcher::LikelyUnheld): asking about more of its blocks now is pointless.
+  bool LikelyUnheldByPeers(const BlockAddr& addr);
 
   // Holds every block of a file that is wholly resident and checked since the agent started,
   // for passthrough reads of its cache file (a fd of its own, with readahead). Blocks not yet
