@@ -477,6 +477,22 @@ void PrefetchRunner::Run(Running* r) {
           }
         }
         q.erase(q.begin(), q.begin() + static_cast<long>(taken[j]));
+        // An owner silent for the grace (dead): all its blocks whose wait is over go to the
+        // origin route now, not a window at a time (16 every 20 ms would take minutes for a
+        // dead owner's share of a tiny-file dataset).
+        if (now - owner_seen[j] > owner_grace_) {
+          std::deque<Item> still;
+          for (Item& item : q) {
+            if (now - item.waiting_since > owner_grace_) {
+              item.route = FillRoute::kPeersThenOrigin;
+              own.push_back(item);
+              moved = true;
+            } else {
+              still.push_back(item);
+            }
+          }
+          q.swap(still);
+        }
         q.insert(q.begin(), kept.begin(), kept.end());
         // Next time about as many as arrived since the last look, and some: the owner's pace.
         if (held.ok() && taken[j] > 0) {

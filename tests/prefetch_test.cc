@@ -378,6 +378,52 @@ TEST_F(PrefetchTest, NodeDyingMidPrefetchIsReportedAndOthersFinish) {
   }
 }
 
+// An owner that delivers nothing (dead from the start of the job) has its whole share read from
+// the origin by the others once the grace is over, not a locate window at a time: each survivor
+// located the dead owner's first few waiting blocks per poll (16 every 20 ms) and moved only
+// those on, so its share of a tiny-file dataset took minutes. Counted in the survivors' own
+// accounts of how often they asked meta while waiting for others' blocks.
+TEST_F(PrefetchTest, ADeadOwnersWholeShareGoesToTheOriginOnceItsGraceIsOver) {
+  const std::string tiny = dir_.Sub("tiny");
+  constexpr int kFiles = 3000;
+  for (int i = 0; i < kFiles; i++) {
+    fs::create_directories(absl::StrCat(tiny, "/", i % 10));
+    WriteRandomFile(absl::StrCat(tiny, "/", i % 10, "/", i), 500 + (i * 37) % 1500, 3000 + i);
+  }
+  ASSERT_EQ(Ember({"dataset", "add", "tiny", tiny}).exit_code, 0);
+  StartNodes(3, "1GiB", {"--prefetch-owner-grace", "1s"});
+  // Stopped, not killed: meta keeps it in the job (alive until its lease ends), and it never
+  // delivers a block.
+  nodes_[2]->Kill(SIGSTOP);
+  auto r = Ember({"prefetch", "tiny", "--mode", "full", "--all", "--detach"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int i = 0; i < 2; i++) {
+    std::string line;
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          const std::string log = nodes_[i]->Log();
+          const size_t at = log.find("while waiting for others' blocks");
+          if (at == std::string::npos) return false;
+          line = log.substr(log.rfind('\n', at) + 1, at - log.rfind('\n', at) - 1);
+          return true;
+        },
+        std::chrono::seconds(90)))
+        << nodes_[i]->Log();
+    // "... N addresses located in M calls": M polls, about one per poll interval while the
+    // grace runs out (and those of the live owner), not one per 16 of the dead owner's blocks.
+    const size_t in = line.rfind(" in ");
+    ASSERT_NE(in, std::string::npos) << line;
+    const int calls = std::stoi(line.substr(in + 4));
+    EXPECT_LE(calls, 40) << line;
+  }
+  nodes_[2]->Kill(SIGCONT);
+  // The survivors hold every file.
+  json l = SettledLocality("tiny");
+  for (auto& n : l["nodes"]) {
+    if (n["id"] != "n3") EXPECT_DOUBLE_EQ(n["fraction"].get<double>(), 1.0) << n;
+  }
+}
+
 TEST_F(PrefetchTest, BadInputGetsClearErrors) {
   StartNodes(2);
   struct Case {
