@@ -77,6 +77,17 @@ class PrefetchTest : public ::testing::Test {
     }));
   }
 
+  // Dataset "tiny": `files` files of min_size + (i * 37) % spread bytes in 10 folders.
+  void AddTinyDataset(int files, int min_size, int spread) {
+    const std::string tiny = dir_.Sub("tiny");
+    for (int i = 0; i < files; i++) {
+      fs::create_directories(absl::StrCat(tiny, "/", i % 10));
+      WriteRandomFile(absl::StrCat(tiny, "/", i % 10, "/", i), min_size + (i * 37) % spread,
+                      900 + i);
+    }
+    ASSERT_EQ(Ember({"dataset", "add", "tiny", tiny}).exit_code, 0);
+  }
+
   json Locality(const std::string& dataset = "ds") {
     auto r = Ember({"locality", dataset, "--json"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -163,13 +174,8 @@ TEST_F(PrefetchTest, FullModeWarmsEveryNodeReadingTheOriginOnce) {
 // was "full" at four blocks (16 MiB of block size), so a tiny-file prefetch cost a Locate and a
 // checksum claim per four blocks (200,000 files to 3 nodes: 36 s, now 16 s).
 TEST_F(PrefetchTest, TinyFilesMoveManyBlocksPerCallToMeta) {
-  const std::string tiny = dir_.Sub("tiny");
   constexpr int kFiles = 1500;
-  for (int i = 0; i < kFiles; i++) {
-    fs::create_directories(absl::StrCat(tiny, "/", i % 10));
-    WriteRandomFile(absl::StrCat(tiny, "/", i % 10, "/", i), 1000 + (i * 37) % 3000, 900 + i);
-  }
-  ASSERT_EQ(Ember({"dataset", "add", "tiny", tiny}).exit_code, 0);
+  AddTinyDataset(kFiles, 1000, 3000);
   StartNodes(3, "1GiB", {}, /*metrics=*/true);
   auto calls = [&](size_t i, const char* request) {
     return std::max(
@@ -384,13 +390,7 @@ TEST_F(PrefetchTest, NodeDyingMidPrefetchIsReportedAndOthersFinish) {
 // those on, so its share of a tiny-file dataset took minutes. Counted in the survivors' own
 // accounts of how often they asked meta while waiting for others' blocks.
 TEST_F(PrefetchTest, ADeadOwnersWholeShareGoesToTheOriginOnceItsGraceIsOver) {
-  const std::string tiny = dir_.Sub("tiny");
-  constexpr int kFiles = 3000;
-  for (int i = 0; i < kFiles; i++) {
-    fs::create_directories(absl::StrCat(tiny, "/", i % 10));
-    WriteRandomFile(absl::StrCat(tiny, "/", i % 10, "/", i), 500 + (i * 37) % 1500, 3000 + i);
-  }
-  ASSERT_EQ(Ember({"dataset", "add", "tiny", tiny}).exit_code, 0);
+  AddTinyDataset(3000, 500, 1500);
   StartNodes(3, "1GiB", {"--prefetch-owner-grace", "1s"});
   // Stopped, not killed: meta keeps it in the job (alive until its lease ends), and it never
   // delivers a block.
