@@ -21,8 +21,9 @@ constexpr auto kReportEvery = std::chrono::milliseconds(500);
 constexpr size_t kLocateBatch = 1024;
 // Others' blocks are located per owner, the first few its owner has not delivered yet: between
 // kWindowMin and kWindowMax of them, the window doubling while all were there and else set to
-// what arrived since the last look and a quarter more (an owner delivers in plan order, at a
-// pace). One window for all owners located the same
+// those still undelivered plus what arrived since the last look and a quarter more (blocks an
+// owner never delivers, e.g. after an origin error there, must not hide the ones after them; an
+// owner delivers in plan order, at a pace). One window for all owners located the same
 // not-yet-delivered blocks of the slowest owner over and over: in a tiny-file prefetch to three
 // nodes 2.7 addresses were located per block fetched, and a faster owner's blocks were found
 // late, after they had left its memory. Calls go every kPollMin while blocks arrive, backing off
@@ -30,6 +31,12 @@ constexpr size_t kLocateBatch = 1024;
 constexpr size_t kWindowMin = 16;
 constexpr size_t kWindowStart = 256;
 constexpr size_t kWindowMax = 4096;
+// At most this many addresses per poll, shared by the owners with blocks waiting (an answer lists
+// every holder of each block: in a large full-mode job it must stay far below meta's message cap).
+constexpr size_t kLocateCallMax = 4096;
+// A block meta located at a peer that then did not have it waits again, at most this many times;
+// then it takes the origin route (a location meta keeps naming wrongly would loop forever).
+constexpr int kMaxRewaits = 3;
 // Blocks a prefetch worker has fetched whose cache writes it has not waited for yet.
 constexpr size_t kUnsettled = 256;
 constexpr uint64_t kUnsettledBytes = 8u << 20;
@@ -245,6 +252,7 @@ void PrefetchRunner::Run(Running* r) {
     Block block;
     FillRoute route = FillRoute::kPeersOnly;
     std::chrono::steady_clock::time_point waiting_since;
+    int rewaits = 0;  // times a located peer did not have it
   };
   // Guards the queues, `left`, progress and left_in_file while the workers run. Lock order:
   // mu -> the cache's (SetPin of a block just made resident).
@@ -254,8 +262,8 @@ void PrefetchRunner::Run(Running* r) {
   std::deque<Item> located;  // others' blocks a peer holds now: peer-only fills
   // Others' blocks their owners have not delivered yet, by owner, in plan order.
   std::vector<std::deque<Item>> waiting(static_cast<size_t>(n));
-  uint64_t located_addrs = 0, locate_calls = 0;  // for the log
-  size_t left = mine.size();                     // blocks not yet done, wherever they are
+  uint64_t located_addrs = 0, locate_calls = 0, given_up = 0;  // for the log
+  size_t left = mine.size();  // blocks not yet done, wherever they are
   const auto start = std::chrono::steady_clock::now();
   const int64_t pin_until = job.pin_until_unix_ms();
 
@@ -350,8 +358,15 @@ void PrefetchRunner::Run(Running* r) {
     }
     absl::MutexLock lock(&mu);
     if (!src.ok() && absl::IsNotFound(src.status()) && item.route == FillRoute::kPeersOnly) {
-      // The peer meta named no longer has it: wait again.
-      waiting[item.block.ordinal % n].push_back(item);
+      // The peer meta named no longer has it: wait again (a few times; then the origin route).
+      Item again = item;
+      if (++again.rewaits > kMaxRewaits) {
+        again.route = FillRoute::kPeersThenOrigin;
+        own.push_back(again);
+        cv.SignalAll();
+      } else {
+        waiting[item.block.ordinal % n].push_back(again);
+      }
     } else {
       account(item, src);
     }
@@ -440,9 +455,12 @@ void PrefetchRunner::Run(Running* r) {
     {
       absl::MutexLock lock(&mu);
       if (r->cancel || left == 0) break;
+      size_t owners = 0;
+      for (const auto& q : waiting) owners += q.empty() ? 0 : 1;
+      const size_t cap = std::max(kWindowMin, kLocateCallMax / std::max<size_t>(owners, 1));
       for (int j = 0; j < n; j++) {
         const auto& q = waiting[j];
-        for (size_t i = 0; i < q.size() && i < window[j]; i++, taken[j]++) {
+        for (size_t i = 0; i < q.size() && i < std::min(window[j], cap); i++, taken[j]++) {
           addrs.push_back(refs.at(q[i].block.file_id).Block(q[i].block.index));
         }
       }
@@ -479,8 +497,10 @@ void PrefetchRunner::Run(Running* r) {
         q.erase(q.begin(), q.begin() + static_cast<long>(taken[j]));
         // An owner silent for the grace (dead): all its blocks whose wait is over go to the
         // origin route now, not a window at a time (16 every 20 ms would take minutes for a
-        // dead owner's share of a tiny-file dataset).
-        if (now - owner_seen[j] > owner_grace_) {
+        // dead owner's share of a tiny-file dataset). Not when meta did not answer: that is no
+        // news of the owner.
+        if (held.ok() && now - owner_seen[j] > owner_grace_ && !q.empty()) {
+          given_up++;
           std::deque<Item> still;
           for (Item& item : q) {
             if (now - item.waiting_since > owner_grace_) {
@@ -494,10 +514,13 @@ void PrefetchRunner::Run(Running* r) {
           q.swap(still);
         }
         q.insert(q.begin(), kept.begin(), kept.end());
-        // Next time about as many as arrived since the last look, and some: the owner's pace.
+        // Next time those still undelivered, and about as many as arrived since the last look
+        // and some more: the owner's pace.
         if (held.ok() && taken[j] > 0) {
-          window[j] = found == taken[j] ? std::min(window[j] * 2, kWindowMax)
-                                        : std::clamp(found + found / 4, kWindowMin, kWindowMax);
+          window[j] = found == taken[j]
+                          ? std::min(window[j] * 2, kWindowMax)
+                          : std::clamp(kept.size() + std::max(kWindowMin, found + found / 4),
+                                       kWindowMin, kWindowMax);
         }
         at += taken[j];
       }
@@ -526,9 +549,11 @@ void PrefetchRunner::Run(Running* r) {
   }
   spdlog::info(
       "prefetch {}: finished here: {} of {} blocks, {} failed, {} bytes from origin, {} "
-      "from peers; {} addresses located in {} calls while waiting for others' blocks",
+      "from peers; {} addresses located in {} calls while waiting for others' blocks; gave up on "
+      "{} silent owners",
       job.id(), progress.blocks_done(), progress.blocks_total(), progress.blocks_failed(),
-      progress.bytes_from_origin(), progress.bytes_from_peers(), located_addrs, locate_calls);
+      progress.bytes_from_origin(), progress.bytes_from_peers(), located_addrs, locate_calls,
+      given_up);
 }
 
 }  // namespace ember::cachefs

@@ -96,7 +96,7 @@ TEST(MetaStoreTest, ABatchKeepsTheLastValueOfAKeyGivenTwice) {
     for (int round = 0; round < 2; round++) {
       for (uint64_t i = 0; i < 300; i++) {
         const uint64_t file = 1 + (i * 7919) % 300;  // shuffled
-        sums.push_back({BlockAddr{1, 1, file, 0}, round == 0 ? 1 : file});
+        sums.push_back({BlockAddr{1, 1, file, 0}, round == 0 ? file + 1000 : file});
         locs.push_back({{1, 1, file}, "n1", std::string(1, round == 0 ? '\x01' : '\x03')});
       }
     }

@@ -788,7 +788,7 @@ TEST(BlockIndexTest, ABatchKeepsTheLastRecordOfABlockGivenTwice) {
     for (int round = 0; round < 2; round++) {
       for (uint64_t i = 0; i < 300; i++) {
         const uint64_t file = 1 + (i * 7919) % 300;  // shuffled
-        batch.push_back({{1, 1, file, 0}, round == 0 ? 1u : file, 0, 100, 0, 0});
+        batch.push_back({{1, 1, file, 0}, round == 0 ? file + 1000 : file, 0, 100, 0, 0});
       }
     }
     ASSERT_TRUE((*index)->PutMany(batch).ok());

@@ -36,8 +36,8 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
     auto dsv = std::make_pair(addrs[i].dataset_id, addrs[i].version);
     if (loc.dataset_unheld) {
       unheld_[dsv] = now;
-    } else if (!loc.holders.empty()) {
-      unheld_.erase(dsv);
+    } else {
+      unheld_.erase(dsv);  // held here, or some other block of the version is held elsewhere
     }
     Located l;
     l.at = now;

@@ -53,6 +53,7 @@ class FakeDirectory : public BlockDirectory {
       Location l;
       if (auto it = checksums_.find(a); it != checksums_.end()) l.checksum = it->second;
       if (peer_holds_) l.holders.push_back({"peer", "peer:1", "", ""});
+      l.dataset_unheld = !peer_holds_ && dataset_unheld_;
       out.push_back(l);
     }
     return out;
@@ -96,6 +97,11 @@ class FakeDirectory : public BlockDirectory {
     absl::MutexLock lock(&mu_);
     peer_holds_ = h;
   }
+  // Whether blocks nobody holds come back as "nobody holds any block of the version".
+  void SetDatasetUnheld(bool u) {
+    absl::MutexLock lock(&mu_);
+    dataset_unheld_ = u;
+  }
   void HoldClaims(bool h) {
     absl::MutexLock lock(&mu_);
     hold_claims_ = h;
@@ -116,6 +122,7 @@ class FakeDirectory : public BlockDirectory {
   std::map<BlockAddr, uint64_t> checksums_ ABSL_GUARDED_BY(mu_);
   bool reachable_ ABSL_GUARDED_BY(mu_) = true;
   bool peer_holds_ ABSL_GUARDED_BY(mu_) = false;
+  bool dataset_unheld_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_claims_ ABSL_GUARDED_BY(mu_) = false;
   int claims_in_progress_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> batches_ ABSL_GUARDED_BY(mu_);  // claims per RecordChecksums call
@@ -198,6 +205,24 @@ class ReadPathTest : public ::testing::Test {
   std::unique_ptr<PeerFetcher> peers_;
   std::unique_ptr<ReadPath> read_path_;
 };
+
+// "Nobody else holds any block of this version" holds only until meta says otherwise, even in an
+// answer about blocks nobody holds yet (another block of the version is held elsewhere): a node
+// that kept believing it read from the origin what a peer had, and a prefetch's first pass
+// skipped asking meta about the rest of its blocks.
+TEST_F(ReadPathTest, ADatasetIsUnheldOnlyUntilMetaSaysOtherwise) {
+  Open(/*with_peers=*/true);
+  const FileRef ref = Ref();
+  directory_.SetDatasetUnheld(true);
+  ASSERT_TRUE(read_path_->HeldByPeers({ref.Block(0)}).ok());
+  EXPECT_TRUE(read_path_->LikelyUnheldByPeers(ref.Block(0)));
+  EXPECT_TRUE(read_path_->LikelyUnheldByPeers(ref.Block(3)));  // the whole version
+  directory_.SetDatasetUnheld(false);
+  auto held = read_path_->HeldByPeers({ref.Block(1)});
+  ASSERT_TRUE(held.ok());
+  EXPECT_FALSE(held->front());  // block 1 itself is held by nobody
+  EXPECT_FALSE(read_path_->LikelyUnheldByPeers(ref.Block(0)));
+}
 
 TEST_F(ReadPathTest, RangesAcrossBlocksAreExact) {
   for (auto [off, len] : std::vector<std::pair<uint64_t, size_t>>{{0, 10},
