@@ -20,12 +20,11 @@ constexpr auto kReportEvery = std::chrono::milliseconds(500);
 // This node's blocks are located this many per call to meta when the prefetch starts.
 constexpr size_t kLocateBatch = 1024;
 // Others' blocks are located per owner, the first few its owner has not delivered yet: between
-// kWindowMin and kWindowMax of them, the window doubling while all were there and else set to
-// those still undelivered plus what arrived since the last look and a quarter more (blocks an
-// owner never delivers, e.g. after an origin error there, must not hide the ones after them; an
-// owner delivers in plan order, at a pace). One window for all owners located the same
-// not-yet-delivered blocks of the slowest owner over and over: in a tiny-file prefetch to three
-// nodes 2.7 addresses were located per block fetched, and a faster owner's blocks were found
+// kWindowMin and kWindowMax of them, the window doubling while all or none were there and else
+// set to what arrived since the last look and a quarter more (an owner delivers in plan order,
+// at a pace; a block it skipped goes to the back of its queue). One window for all owners located
+// the same not-yet-delivered blocks of the slowest owner over and over: in a tiny-file prefetch to
+// three nodes 2.7 addresses were located per block fetched, and a faster owner's blocks were found
 // late, after they had left its memory. Calls go every kPollMin while blocks arrive, backing off
 // to kPollMax while none do.
 constexpr size_t kWindowMin = 16;
@@ -262,7 +261,9 @@ void PrefetchRunner::Run(Running* r) {
   std::deque<Item> located;  // others' blocks a peer holds now: peer-only fills
   // Others' blocks their owners have not delivered yet, by owner, in plan order.
   std::vector<std::deque<Item>> waiting(static_cast<size_t>(n));
-  uint64_t located_addrs = 0, locate_calls = 0, given_up = 0;  // for the log
+  // For the log: addresses located and calls while waiting; polls that moved blocks of silent
+  // owners to the origin route.
+  uint64_t located_addrs = 0, locate_calls = 0, expiry_polls = 0;
   size_t left = mine.size();  // blocks not yet done, wherever they are
   const auto start = std::chrono::steady_clock::now();
   const int64_t pin_until = job.pin_until_unix_ms();
@@ -448,6 +449,7 @@ void PrefetchRunner::Run(Running* r) {
   // second time). Polls fast while blocks arrive, slower when not.
   std::vector<std::chrono::steady_clock::time_point> owner_seen(n, start);
   std::vector<size_t> window(n, kWindowStart);
+  std::vector<bool> given_up(n, false);  // owners whose blocks went to the origin route
   auto poll = kPollMin;
   while (true) {
     std::vector<BlockAddr> addrs;
@@ -472,6 +474,7 @@ void PrefetchRunner::Run(Running* r) {
       located_addrs += addrs.size();
       const auto now = std::chrono::steady_clock::now();
       absl::MutexLock lock(&mu);
+      bool expired = false;
       size_t at = 0;  // in addrs
       for (int j = 0; j < n; j++) {
         // Workers only append to `waiting`: its first taken[j] items are the ones located.
@@ -479,7 +482,14 @@ void PrefetchRunner::Run(Running* r) {
         size_t found = 0;
         for (size_t i = 0; i < taken[j]; i++) found += held.ok() && (*held)[at + i];
         if (found > 0) owner_seen[j] = now;
-        std::deque<Item> kept;
+        // The owner delivers in plan order: a block before the last one found that is still
+        // not there is skipped for now (to the back: an origin error at the owner, say), so it
+        // cannot hold the window on itself; the others after it wait at the front.
+        size_t last_found = 0;
+        for (size_t i = 0; i < taken[j]; i++) {
+          if (held.ok() && (*held)[at + i]) last_found = i + 1;
+        }
+        std::deque<Item> kept, skipped;
         for (size_t i = 0; i < taken[j]; i++) {
           Item& item = q[i];
           const auto seen = std::max(item.waiting_since, owner_seen[j]);
@@ -489,24 +499,26 @@ void PrefetchRunner::Run(Running* r) {
           } else if (now - seen > owner_grace_) {
             item.route = FillRoute::kPeersThenOrigin;
             own.push_back(item);
-            moved = true;
+            moved = expired = true;
+            given_up[j] = true;
           } else {
-            kept.push_back(item);
+            (i < last_found ? skipped : kept).push_back(item);
           }
         }
         q.erase(q.begin(), q.begin() + static_cast<long>(taken[j]));
+        q.insert(q.end(), skipped.begin(), skipped.end());
         // An owner silent for the grace (dead): all its blocks whose wait is over go to the
         // origin route now, not a window at a time (16 every 20 ms would take minutes for a
         // dead owner's share of a tiny-file dataset). Not when meta did not answer: that is no
         // news of the owner.
         if (held.ok() && now - owner_seen[j] > owner_grace_ && !q.empty()) {
-          given_up++;
           std::deque<Item> still;
           for (Item& item : q) {
             if (now - item.waiting_since > owner_grace_) {
               item.route = FillRoute::kPeersThenOrigin;
               own.push_back(item);
-              moved = true;
+              moved = expired = true;
+              given_up[j] = true;
             } else {
               still.push_back(item);
             }
@@ -514,16 +526,16 @@ void PrefetchRunner::Run(Running* r) {
           q.swap(still);
         }
         q.insert(q.begin(), kept.begin(), kept.end());
-        // Next time those still undelivered, and about as many as arrived since the last look
-        // and some more: the owner's pace.
+        // Next time about as many as arrived since the last look, and some: the owner's pace.
+        // Wider while all or none were there (none: to see past blocks it may never deliver).
         if (held.ok() && taken[j] > 0) {
-          window[j] = found == taken[j]
+          window[j] = found == taken[j] || found == 0
                           ? std::min(window[j] * 2, kWindowMax)
-                          : std::clamp(kept.size() + std::max(kWindowMin, found + found / 4),
-                                       kWindowMin, kWindowMax);
+                          : std::clamp(found + found / 4, kWindowMin, kWindowMax);
         }
         at += taken[j];
       }
+      if (expired) expiry_polls++;
       if (moved) cv.SignalAll();
     }
     poll = moved ? kPollMin : std::min(poll * 2, kPollMax);
@@ -550,10 +562,10 @@ void PrefetchRunner::Run(Running* r) {
   spdlog::info(
       "prefetch {}: finished here: {} of {} blocks, {} failed, {} bytes from origin, {} "
       "from peers; {} addresses located in {} calls while waiting for others' blocks; gave up on "
-      "{} silent owners",
+      "{} silent owners in {} polls",
       job.id(), progress.blocks_done(), progress.blocks_total(), progress.blocks_failed(),
       progress.bytes_from_origin(), progress.bytes_from_peers(), located_addrs, locate_calls,
-      given_up);
+      std::count(given_up.begin(), given_up.end(), true), expiry_polls);
 }
 
 }  // namespace ember::cachefs
