@@ -252,6 +252,7 @@ void PrefetchRunner::Run(Running* r) {
     FillRoute route = FillRoute::kPeersOnly;
     std::chrono::steady_clock::time_point waiting_since;
     int rewaits = 0;  // times a located peer did not have it
+    int skips = 0;    // polls that found its owner's later blocks but not this one
   };
   // Guards the queues, `left`, progress and left_in_file while the workers run. Lock order:
   // mu -> the cache's (SetPin of a block just made resident).
@@ -483,8 +484,8 @@ void PrefetchRunner::Run(Running* r) {
         for (size_t i = 0; i < taken[j]; i++) found += held.ok() && (*held)[at + i];
         if (found > 0) owner_seen[j] = now;
         // The owner delivers in plan order: a block before the last one found that is still
-        // not there is skipped for now (to the back: an origin error at the owner, say), so it
-        // cannot hold the window on itself; the others after it wait at the front.
+        // not there for a second look is skipped for now (to the back: an origin error at the
+        // owner, say), so it cannot hold the window on itself; the others wait at the front.
         size_t last_found = 0;
         for (size_t i = 0; i < taken[j]; i++) {
           if (held.ok() && (*held)[at + i]) last_found = i + 1;
@@ -502,7 +503,9 @@ void PrefetchRunner::Run(Running* r) {
             moved = expired = true;
             given_up[j] = true;
           } else {
-            (i < last_found ? skipped : kept).push_back(item);
+            // Out of order by a little (the owner's workers finish in any order): wait at the
+            // front; skipped twice: to the back.
+            (i < last_found && ++item.skips >= 2 ? skipped : kept).push_back(item);
           }
         }
         q.erase(q.begin(), q.begin() + static_cast<long>(taken[j]));
