@@ -3,13 +3,11 @@
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
-#include <rocksdb/slice_transform.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 #include <sys/statvfs.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -96,21 +94,10 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   rocksdb::BlockBasedTableOptions table;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   checksum_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  // Checksums and locations arrive in batches of thousands of keys of one dataset version,
-  // written in key order: each insert starts its memtable search where the last one of the same
-  // version ended (a skiplist search from the top was ~30% of meta's CPU in a tiny-file prefetch).
-  checksum_options.memtable_insert_with_hint_prefix_extractor.reset(
-      rocksdb::NewFixedPrefixTransform(8));
-  rocksdb::ColumnFamilyOptions location_options(cf_options);
-  location_options.memtable_insert_with_hint_prefix_extractor.reset(
-      rocksdb::NewFixedPrefixTransform(8));
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   for (const char* name : {rocksdb::kDefaultColumnFamilyName.c_str(), "datasets", "manifests",
                            "checksums", "nodes", "locations"}) {
-    const std::string n = name;
-    cfs.emplace_back(name, n == "checksums"   ? checksum_options
-                           : n == "locations" ? location_options
-                                              : cf_options);
+    cfs.emplace_back(name, std::string(name) == "checksums" ? checksum_options : cf_options);
   }
   std::unique_ptr<MetaStore> store(new MetaStore());
   store->dir_ = dir;
@@ -457,15 +444,7 @@ absl::StatusOr<std::optional<uint64_t>> MetaStore::GetChecksum(const BlockAddr& 
 
 absl::Status MetaStore::PutChecksums(const std::vector<std::pair<BlockAddr, uint64_t>>& items) {
   rocksdb::WriteBatch batch;
-  // In key order (the memtable's insert hint; BlockKey orders as BlockAddr does), a key given
-  // twice keeping its last value.
-  std::vector<const std::pair<BlockAddr, uint64_t>*> sorted;
-  sorted.reserve(items.size());
-  for (const auto& item : items) sorted.push_back(&item);
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const auto* a, const auto* b) { return a->first < b->first; });
-  for (const auto* item : sorted) {
-    const auto& [addr, sum] = *item;
+  for (const auto& [addr, sum] : items) {
     std::string v;
     PutBe64(&v, sum);
     batch.Put(checksums_, BlockKey(addr), v);
@@ -536,21 +515,14 @@ absl::StatusOr<std::vector<rpc::Job>> MetaStore::ListJobs() {
 }
 
 absl::Status MetaStore::PutLocations(const std::vector<LocationWrite>& writes) {
-  // In key order (the memtable's insert hint), a key given twice keeping its last bitmap.
-  std::vector<std::pair<std::string, const LocationWrite*>> keyed;
-  keyed.reserve(writes.size());
-  for (const LocationWrite& w : writes) {
-    keyed.emplace_back(FileKeyBytes(w.key.dataset_id, w.key.version, w.key.file_id) + w.node_id,
-                       &w);
-  }
-  std::stable_sort(keyed.begin(), keyed.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
   rocksdb::WriteBatch batch;
-  for (const auto& [k, w] : keyed) {
-    if (w->bitmap.empty()) {
+  for (const LocationWrite& w : writes) {
+    std::string k = FileKeyBytes(w.key.dataset_id, w.key.version, w.key.file_id);
+    k += w.node_id;
+    if (w.bitmap.empty()) {
       batch.Delete(locations_, k);
     } else {
-      batch.Put(locations_, k, w->bitmap);
+      batch.Put(locations_, k, w.bitmap);
     }
   }
   // Soft state: nodes re-report, so no sync.

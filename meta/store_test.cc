@@ -84,8 +84,8 @@ TEST(MetaStoreTest, RoundTripsAcrossReopen) {
   EXPECT_EQ(locs, 1);
 }
 
-// Checksums and locations are written in key order; a key given twice in one batch keeps its
-// last value, whatever order the batch came in.
+// A checksum or location given twice in one batch keeps its last value, whatever order the
+// batch's keys came in (a batch sorted by key would have to keep it so).
 TEST(MetaStoreTest, ABatchKeepsTheLastValueOfAKeyGivenTwice) {
   TempDir d;
   {

@@ -777,8 +777,8 @@ TEST(SegmentTest, EmptySegmentsAreDeleted) {
   EXPECT_EQ(CountFiles(dir.Sub("segments")), 0u);
 }
 
-// PutMany writes a batch in key order; a block given twice in one batch keeps its last record,
-// whatever order the batch came in.
+// A block given twice in one PutMany batch keeps its last record, whatever order the batch's
+// blocks came in (a batch sorted by key would have to keep it so).
 TEST(BlockIndexTest, ABatchKeepsTheLastRecordOfABlockGivenTwice) {
   testing::TempDir dir;
   {

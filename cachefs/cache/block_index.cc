@@ -2,10 +2,8 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
-#include <rocksdb/slice_transform.h>
 #include <rocksdb/write_batch.h>
 
-#include <algorithm>
 #include <string_view>
 #include <vector>
 
@@ -18,9 +16,6 @@ absl::StatusOr<std::unique_ptr<BlockIndex>> BlockIndex::Open(const std::string& 
   ro.create_if_missing = true;
   ro.write_buffer_size = 8 << 20;
   ro.max_open_files = 64;
-  // Records come in batches of up to hundreds, written in key order: each insert starts its
-  // memtable search where the last one of the same dataset version ended.
-  ro.memtable_insert_with_hint_prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(8));
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(ro, cache_dir + "/index", &db);
   if (!s.ok()) {
@@ -44,15 +39,8 @@ absl::Status BlockIndex::Put(const IndexRecord& r) {
 }
 
 absl::Status BlockIndex::PutMany(const std::vector<IndexRecord>& records) {
-  // In key order (the memtable's insert hint; the key orders as BlockAddr does), a block given
-  // twice keeping its last record.
-  std::vector<const IndexRecord*> sorted;
-  sorted.reserve(records.size());
-  for (const IndexRecord& r : records) sorted.push_back(&r);
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const IndexRecord* a, const IndexRecord* b) { return a->addr < b->addr; });
   rocksdb::WriteBatch batch;
-  for (const IndexRecord* r : sorted) batch.Put(EncodeIndexKey(r->addr), EncodeIndexValue(*r));
+  for (const IndexRecord& r : records) batch.Put(EncodeIndexKey(r.addr), EncodeIndexValue(r));
   rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch);
   if (!s.ok()) return absl::InternalError(s.ToString());
   return absl::OkStatus();
