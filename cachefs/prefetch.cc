@@ -250,7 +250,6 @@ void PrefetchRunner::Run(Running* r) {
   struct Item {
     Block block;
     FillRoute route = FillRoute::kPeersOnly;
-    std::chrono::steady_clock::time_point waiting_since;
     int rewaits = 0;  // times a located peer did not have it
     int skips = 0;    // polls that found its owner's later blocks but not this one
   };
@@ -294,9 +293,9 @@ void PrefetchRunner::Run(Running* r) {
       if (owner) {
         // Meta unreachable: each fill asks for itself (and reads the origin if it must).
         own.push_back(
-            {b, held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin, start});
+            {b, held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin});
       } else {
-        (peer_has ? located : waiting[b.ordinal % n]).push_back({b, FillRoute::kPeersOnly, start});
+        (peer_has ? located : waiting[b.ordinal % n]).push_back({b, FillRoute::kPeersOnly});
       }
     }
   }
@@ -480,28 +479,31 @@ void PrefetchRunner::Run(Running* r) {
       for (int j = 0; j < n; j++) {
         // Workers only append to `waiting`: its first taken[j] items are the ones located.
         auto& q = waiting[j];
-        size_t found = 0;
-        for (size_t i = 0; i < taken[j]; i++) found += held.ok() && (*held)[at + i];
+        auto is_held = [&](size_t i) { return held.ok() && (*held)[at + i]; };
+        size_t found = 0, last_found = 0;
+        for (size_t i = 0; i < taken[j]; i++) {
+          if (is_held(i)) found++, last_found = i + 1;
+        }
         if (found > 0) owner_seen[j] = now;
+        // Silent for the grace (dead): its blocks go to the origin route.
+        const bool silent = now - owner_seen[j] > owner_grace_;
+        auto to_origin = [&](Item& item) {
+          item.route = FillRoute::kPeersThenOrigin;
+          own.push_back(item);
+          moved = expired = true;
+          given_up[j] = true;
+        };
         // The owner delivers in plan order: a block before the last one found that is still
         // not there for a second look is skipped for now (to the back: an origin error at the
         // owner, say), so it cannot hold the window on itself; the others wait at the front.
-        size_t last_found = 0;
-        for (size_t i = 0; i < taken[j]; i++) {
-          if (held.ok() && (*held)[at + i]) last_found = i + 1;
-        }
         std::deque<Item> kept, skipped;
         for (size_t i = 0; i < taken[j]; i++) {
           Item& item = q[i];
-          const auto seen = std::max(item.waiting_since, owner_seen[j]);
-          if (held.ok() && (*held)[at + i]) {
+          if (is_held(i)) {
             located.push_back(item);
             moved = true;
-          } else if (now - seen > owner_grace_) {
-            item.route = FillRoute::kPeersThenOrigin;
-            own.push_back(item);
-            moved = expired = true;
-            given_up[j] = true;
+          } else if (silent) {
+            to_origin(item);
           } else {
             // Out of order by a little (the owner's workers finish in any order): wait at the
             // front; skipped twice: to the back.
@@ -510,23 +512,12 @@ void PrefetchRunner::Run(Running* r) {
         }
         q.erase(q.begin(), q.begin() + static_cast<long>(taken[j]));
         q.insert(q.end(), skipped.begin(), skipped.end());
-        // An owner silent for the grace (dead): all its blocks whose wait is over go to the
-        // origin route now, not a window at a time (16 every 20 ms would take minutes for a
-        // dead owner's share of a tiny-file dataset). Not when meta did not answer: that is no
+        // And the rest of a dead owner's share at once, not a window at a time (16 every 20 ms
+        // would take minutes for a tiny-file dataset). Not when meta did not answer: that is no
         // news of the owner.
-        if (held.ok() && now - owner_seen[j] > owner_grace_ && !q.empty()) {
-          std::deque<Item> still;
-          for (Item& item : q) {
-            if (now - item.waiting_since > owner_grace_) {
-              item.route = FillRoute::kPeersThenOrigin;
-              own.push_back(item);
-              moved = expired = true;
-              given_up[j] = true;
-            } else {
-              still.push_back(item);
-            }
-          }
-          q.swap(still);
+        if (held.ok() && silent) {
+          for (Item& item : q) to_origin(item);
+          q.clear();
         }
         q.insert(q.begin(), kept.begin(), kept.end());
         // Next time about as many as arrived since the last look, and some: the owner's pace.
