@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -457,7 +458,9 @@ TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
   EXPECT_NE(out.find("meta-replicas.yaml: StatefulSet/ember-etcd"), std::string::npos) << out;
   EXPECT_NE(out.find("meta-replicas.yaml: PodDisruptionBudget/ember-meta"), std::string::npos)
       << out;
-  // Datasets as volumes (#24): the CSI driver, its node plugin beside the agent, the webhook.
+  // Datasets as volumes (#24): the CSI driver, its node plugin (a DaemonSet of its own), the
+  // webhook.
+  EXPECT_NE(out.find("node-daemonset.yaml: DaemonSet/ember-csi-node"), std::string::npos) << out;
   EXPECT_NE(out.find("csi-driver.yaml: CSIDriver/csi.ember.io"), std::string::npos) << out;
   EXPECT_NE(out.find("webhook.yaml: MutatingWebhookConfiguration/ember-placement"),
             std::string::npos)
@@ -471,6 +474,42 @@ TEST(DeployTest, KubernetesManifestsMatchTheApiSchemas) {
   EXPECT_NE(
       testing::RunShell("cd " + npm_dir + " && node validate.mjs " + dir.Sub("bad.yaml"), &out), 0)
       << out;
+}
+
+// The node DaemonSet as an upgrade needs it (#27): the new pod starts beside the old one and
+// takes its mount over; nothing in the pod's spec may keep the two apart or unmount.
+TEST(DeployTest, TheNodeDaemonSetUpgradesBesideTheOldPodWithoutUnmounting) {
+  std::vector<YAML::Node> docs =
+      YAML::LoadAllFromFile(EMBER_SOURCE_DIR "/deploy/kubernetes/node-daemonset.yaml");
+  YAML::Node node, csi;
+  for (const auto& d : docs) {
+    if (d["kind"].as<std::string>() != "DaemonSet") continue;
+    (d["metadata"]["name"].as<std::string>() == "ember-node" ? node : csi) = d;
+  }
+  ASSERT_TRUE(node && csi);
+  EXPECT_EQ(csi["metadata"]["name"].as<std::string>(), "ember-csi-node");
+  auto rolling = node["spec"]["updateStrategy"]["rollingUpdate"];
+  EXPECT_EQ(rolling["maxSurge"].as<int>(), 1);
+  EXPECT_EQ(rolling["maxUnavailable"].as<int>(), 0);
+  auto pod = node["spec"]["template"]["spec"];
+  EXPECT_TRUE(pod["hostNetwork"].as<bool>());
+  ASSERT_EQ(pod["containers"].size(), 1u);  // the CSI plugin's registrar cannot surge
+  auto agent = pod["containers"][0];
+  EXPECT_FALSE(agent["ports"]) << "a declared hostPort keeps the surge pod off the node";
+  EXPECT_FALSE(agent["lifecycle"]) << "no preStop unmount: the successor has the mount";
+  const std::string command = agent["args"][0].as<std::string>();
+  EXPECT_NE(command.find("--supervise --ready-file /run/ember-ready"), std::string::npos)
+      << command;
+  const std::string probe = agent["readinessProbe"]["exec"]["command"][2].as<std::string>();
+  EXPECT_NE(probe.find("/run/ember-ready"), std::string::npos) << probe;
+  // The cache dir (where the supervisors meet) is the node's, shared by both pods.
+  bool cache_on_host = false;
+  for (const auto& v : pod["volumes"]) {
+    if (v["name"].as<std::string>() == "cache") cache_on_host = static_cast<bool>(v["hostPath"]);
+  }
+  EXPECT_TRUE(cache_on_host);
+  // The CSI plugin updates one node at a time, without surge.
+  EXPECT_FALSE(csi["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"]);
 }
 
 }  // namespace

@@ -58,6 +58,7 @@ struct NodeFlags {
   std::string fuse_readahead = "4MiB";
   bool takeover = false;
   bool supervise = false;
+  std::string ready_file;
   MetaFlags meta;  // --token-file is also the token peers prove to each other
 };
 
@@ -142,7 +143,11 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   if (!for_up) {
     c->add_flag("--supervise", f->supervise,
                 "Run the agent under a small supervisor that keeps the mount: if the agent "
-                "crashes, its restart reattaches it (open files keep working)");
+                "crashes, its restart reattaches it (open files keep working); a supervisor "
+                "already running on the cache dir hands its mount over (an upgrade)");
+    c->add_option("--ready-file", f->ready_file,
+                  "With --supervise: a file holding the agent's pid while it serves this "
+                  "supervisor's mount (absent otherwise), for a readiness probe");
   }
   c->add_flag("--takeover", f->takeover,
               "Take the mount over from the agent running on this cache dir (no unmount: open "
@@ -310,7 +315,7 @@ void AddNodeCommands(CLI::App& app) {
       BlockTerminationSignals();
       if (f->supervise) {
         if (f->fuse_binding != "kernel") Fail("--supervise needs --fuse-binding kernel");
-        auto code = cachefs::Supervise(SupervisedAgentArgs());
+        auto code = cachefs::Supervise(SupervisedAgentArgs(), {f->cache_dir, f->ready_file});
         if (!code.ok()) Fail(code.status());
         std::exit(*code);
       }

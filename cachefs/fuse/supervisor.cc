@@ -11,11 +11,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cachefs/fuse/takeover.h"
 
 namespace ember::cachefs {
 namespace {
@@ -90,11 +95,13 @@ int ReceiveSupervisorMessage(int sock, KernelFuseState* state) {
   int fd = -1;
   ssize_t n = RecvWithFd(sock, buf.data(), buf.size(), MSG_DONTWAIT, &fd);
   if (n <= 0) return n == 0 ? -1 : (errno == EAGAIN ? 0 : -1);
+  const bool whole = fd >= 0;
   if (!ApplySupervisorMessage(buf.data(), static_cast<size_t>(n), fd, state)) {
     if (fd >= 0) close(fd);
     spdlog::warn("supervisor: ignored a malformed message");
+    return 1;
   }
-  return 1;
+  return whole ? 2 : 1;
 }
 
 std::optional<KernelFuseState> TakeQueuedState(int sock) {
@@ -105,21 +112,110 @@ std::optional<KernelFuseState> TakeQueuedState(int sock) {
   return s;
 }
 
-absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv) {
+std::string SupervisorSocketPath(const std::string& cache_dir) {
+  return cache_dir + "/supervisor.sock";
+}
+
+namespace {
+
+// The ready file names the agent serving this supervisor's mount (a readiness probe checks it).
+void WriteReadyFile(const std::string& path, pid_t agent) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    spdlog::warn("supervisor: cannot write {}: {}", tmp, strerror(errno));
+    return;
+  }
+  std::fprintf(f, "%d\n", static_cast<int>(agent));
+  std::fclose(f);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    spdlog::warn("supervisor: cannot write {}: {}", path, strerror(errno));
+  }
+}
+
+void RemoveReadyFile(const std::string& path) {
+  if (!path.empty()) unlink(path.c_str());
+}
+
+// Waits for `pid` to exit, killing it after `patience`. Returns: its wait status.
+int Reap(pid_t pid, std::chrono::milliseconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      spdlog::warn("supervisor: agent (pid {}) did not exit; killing it", pid);
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return status;
+}
+
+// A successor supervisor that asked for the mount (its connection), set by the listener thread.
+class SuccessorSlot {
+ public:
+  void Put(int conn) {
+    absl::MutexLock lock(&mu_);
+    if (conn_ >= 0) close(conn_);
+    conn_ = conn;
+  }
+  int Take() {
+    absl::MutexLock lock(&mu_);
+    int c = conn_;
+    conn_ = -1;
+    return c;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int conn_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+}  // namespace
+
+absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
+                              const SuperviseOptions& options) {
+  KernelFuseState state;
+  // A supervisor already serving this cache dir (the old pod of a rolling update) hands its
+  // mount over; without one, the first agent asks a running agent itself (--takeover).
+  {
+    auto inherited =
+        RequestTakeover(SupervisorSocketPath(options.cache_dir), std::chrono::seconds(150));
+    if (inherited.ok()) {
+      state = std::move(*inherited);
+      spdlog::info("supervisor: took the mount {} over from the running supervisor",
+                   state.mountpoint);
+    } else if (absl::IsFailedPrecondition(inherited.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("supervisor: the running supervisor refused to hand its mount over: ",
+                       inherited.status().message()));
+    } else if (!absl::IsNotFound(inherited.status())) {
+      spdlog::warn("supervisor: the running supervisor did not hand over ({}); asking its agent",
+                   std::string(inherited.status().message()));
+    }
+  }
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    if (state.fd >= 0) close(state.fd);
     return absl::InternalError(absl::StrCat("supervisor: socketpair: ", strerror(errno)));
   }
   std::vector<std::string> args = agent_argv;
+  if (std::find(args.begin(), args.end(), "--takeover") == args.end()) {
+    args.push_back("--takeover");  // used only when no mount is queued for the agent
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string fd_text = std::to_string(sv[1]);
-  KernelFuseState state;
   sigset_t term;
   sigemptyset(&term);
   sigaddset(&term, SIGTERM);
   sigaddset(&term, SIGINT);
+  SuccessorSlot successor;
+  std::unique_ptr<TakeoverListener> listener;
   while (true) {
     // Stale messages a dead agent never read, then the mount for the next one.
     KernelFuseState stale;
@@ -141,11 +237,27 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv) {
     if (pid < 0) return absl::InternalError(absl::StrCat("supervisor: fork: ", strerror(errno)));
     spdlog::info("supervisor: agent started (pid {})", pid);
     bool stopping = false;
+    bool took = false;  // the mount was taken from the agent for a successor
+    bool handed = false;
     int status = 0;
     while (true) {
       pollfd p{sv[0], POLLIN, 0};
       if (poll(&p, 1, 100) > 0) {
-        while (ReceiveSupervisorMessage(sv[0], &state) > 0) {
+        int r;
+        while ((r = ReceiveSupervisorMessage(sv[0], &state)) > 0) {
+          if (r != 2) continue;
+          // The agent serves: a successor may ask for the mount from now on.
+          WriteReadyFile(options.ready_file, pid);
+          if (listener == nullptr) {
+            auto l = TakeoverListener::Start(SupervisorSocketPath(options.cache_dir),
+                                             [&successor](int conn) { successor.Put(conn); });
+            if (l.ok()) {
+              listener = std::move(*l);
+            } else {
+              spdlog::warn("supervisor: {}; an upgrade will remount",
+                           std::string(l.status().message()));
+            }
+          }
         }
       }
       timespec zero{0, 0};
@@ -154,19 +266,67 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv) {
         stopping = true;
         kill(pid, sig);
       }
+      if (int conn = successor.Take(); conn >= 0 && !stopping) {
+        listener.reset();  // it ended with this request; a failed handover listens anew
+        RemoveReadyFile(options.ready_file);
+        spdlog::info("supervisor: a successor asked for the mount; taking it from the agent");
+        auto taken =
+            RequestTakeover(TakeoverSocketPath(options.cache_dir), std::chrono::seconds(60));
+        if (!taken.ok()) {
+          // Dead or stuck: the copy kept here is what a restart would get (requests the agent
+          // had taken are resent to the successor's).
+          spdlog::warn("supervisor: the agent did not hand over ({}); handing over this copy",
+                       std::string(taken.status().message()));
+          kill(pid, SIGKILL);
+        }
+        took = true;
+        status = Reap(pid, std::chrono::seconds(30));  // never two agents on one mount
+        KernelFuseState after;
+        while (ReceiveSupervisorMessage(sv[0], taken.ok() ? &after : &state) > 0) {
+        }
+        if (after.fd >= 0) close(after.fd);
+        if (taken.ok()) {
+          if (state.fd >= 0) close(state.fd);
+          state = std::move(*taken);
+        }
+        absl::Status st = SendTakeoverState(conn, state);
+        if (st.ok()) {
+          handed = true;
+        } else {
+          spdlog::error("supervisor: {}; restarting the agent on the mount",
+                        std::string(st.message()));
+        }
+        break;
+      }
       if (waitpid(pid, &status, WNOHANG) == pid) break;
     }
+    if (handed) {
+      spdlog::info("supervisor: the mount {} was handed to a successor; waiting to be stopped",
+                   state.mountpoint);
+      close(state.fd);
+      close(sv[0]);
+      close(sv[1]);
+      int sig = 0;
+      sigwait(&term, &sig);
+      spdlog::info("supervisor: signal {}; exiting (the successor keeps the mount)", sig);
+      return 0;
+    }
+    RemoveReadyFile(options.ready_file);
     while (ReceiveSupervisorMessage(sv[0], &state) > 0) {
     }
-    bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // An agent that handed its mount to this supervisor exits cleanly; it is restarted on it.
+    bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !took;
     if (stopping || clean || state.fd < 0) {
       // Stopped on purpose, or it never mounted (a bad flag): nothing to keep.
+      listener.reset();
       if (state.fd >= 0) close(state.fd);
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
-    spdlog::error("supervisor: agent (pid {}) died ({}); restarting it on the same mount", pid,
-                  WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
-                                      : absl::StrCat("exit code ", WEXITSTATUS(status)));
+    if (!took) {
+      spdlog::error("supervisor: agent (pid {}) died ({}); restarting it on the same mount", pid,
+                    WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
+                                        : absl::StrCat("exit code ", WEXITSTATUS(status)));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }

@@ -7,6 +7,16 @@
 // state for the next agent, which takes it (TakeQueuedState), adopts the mount
 // (KernelFuse::Adopt) and asks the kernel to resend the requests the dead one had taken, so
 // open files keep working.
+//
+// Supervisors also hand a mount to each other (an upgrade without unmounting: the new pod of a
+// DaemonSet's rolling update starts beside the old one): a starting supervisor asks the one
+// listening on CACHE/supervisor.sock (takeover.h's exchange, versioned). The running supervisor
+// takes the mount from its agent (the agent's takeover socket; if the agent is dead or does not
+// answer, its own copy, as after a crash), waits until the agent has exited, sends the mount and
+// then only waits to be stopped (SIGTERM: it exits without unmounting). The successor's first
+// agent adopts the mount. If no supervisor listens, that agent asks a running agent directly
+// (--takeover), else mounts afresh; a refusal (releases too far apart) ends the successor with
+// the reason, and the running one keeps serving.
 #pragma once
 
 #include <cstddef>
@@ -23,13 +33,24 @@ namespace ember::cachefs {
 // The environment variable that hands the agent its end of the supervisor's socket.
 inline constexpr char kSupervisorFdEnv[] = "EMBER_SUPERVISOR_FD";
 
+// The socket a supervisor listens on for its successor.
+std::string SupervisorSocketPath(const std::string& cache_dir);
+
+struct SuperviseOptions {
+  std::string cache_dir;   // where the takeover sockets live (the agent's --cache-dir)
+  std::string ready_file;  // holds the agent's pid while it serves this supervisor's mount
+};
+
 // Runs `agent_argv` (argv[0] first; executed as /proc/self/exe) under supervision until it
-// stops on purpose or exits cleanly, restarting it on the same mount after a crash.
+// stops on purpose or exits cleanly, restarting it on the same mount after a crash; first takes
+// the mount from a supervisor already running on the cache dir, and hands it to a successor.
 // REQUIRES: SIGTERM and SIGINT are blocked in the calling thread (they are forwarded to the
 // agent and end supervision).
-// Returns: the exit code to end with (the agent's, or 128 + its signal); Internal when the
-// supervisor cannot start (socketpair, fork).
-absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv);
+// Returns: the exit code to end with (the agent's, or 128 + its signal; 0 once stopped after
+// handing the mount over); FailedPrecondition when the running supervisor refused to hand over;
+// Internal when the supervisor cannot start (socketpair, fork).
+absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
+                              const SuperviseOptions& options);
 
 // The agent's side: the whole state, with its fd. Returns: Ok; Unavailable.
 absl::Status SendStateMessage(int sock, const KernelFuseState& state);
@@ -40,8 +61,8 @@ void SendOpenUpdate(int sock, bool open, const KernelFuseState::OpenFile& f, int
 
 // Applies one message from the agent to `state`. Returns: false if it was malformed.
 bool ApplySupervisorMessage(const char* msg, size_t len, int passed_fd, KernelFuseState* state);
-// Reads one queued message (without waiting) into `state`. Returns: 1 if one was read, 0 if
-// none was queued, -1 if the other end is gone.
+// Reads one queued message (without waiting) into `state`. Returns: 1 if one was read (2 if it
+// was the whole state: the agent serves), 0 if none was queued, -1 if the other end is gone.
 int ReceiveSupervisorMessage(int sock, KernelFuseState* state);
 // Returns: a state queued for this agent by its supervisor, if any (it does not wait).
 std::optional<KernelFuseState> TakeQueuedState(int sock);

@@ -1,10 +1,20 @@
 // The supervisor's copy of the open files, fed the agent's updates over a real socketpair as
-// the agent sends them: which backing ids a successor must know (to reuse or close them).
+// the agent sends them: which backing ids a successor must know (to reuse or close them). And
+// the handover's version skew rule, over a real takeover socket.
 #include "cachefs/fuse/supervisor.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "cachefs/fuse/takeover.h"
+#include "tests/testing/testing.h"
 
 namespace ember::cachefs {
 namespace {
@@ -56,6 +66,93 @@ TEST_F(SupervisorStateTest, MalformedMessagesAreRefused) {
   EXPECT_FALSE(ApplySupervisorMessage(bad.data(), bad.size(), -1, &state_));
   const std::string junk = "not json";
   EXPECT_FALSE(ApplySupervisorMessage(junk.data(), junk.size(), -1, &state_));
+}
+
+TEST(HandoverProtocolTest, NeighbouringReleasesHandOverBothWaysAndOthersRefuse) {
+  const HandoverProtocol v1{1, 1}, v2{1, 2}, v3{2, 3}, v4{3, 4};
+  EXPECT_TRUE(HandoverCompatible(v2, v1));  // this release takes over from the one before
+  EXPECT_TRUE(HandoverCompatible(v1, v2));  // and hands back to it (a rollback)
+  EXPECT_TRUE(HandoverCompatible(v3, v2));
+  EXPECT_TRUE(HandoverCompatible(v2, v3));
+  EXPECT_FALSE(HandoverCompatible(v3, v1));  // two releases apart
+  EXPECT_FALSE(HandoverCompatible(v1, v3));
+  EXPECT_FALSE(HandoverCompatible(v4, v2));
+  EXPECT_TRUE(HandoverCompatible(OwnHandoverProtocol(), OwnHandoverProtocol()));
+}
+
+// Connects to `path`, sends `request`, and returns what comes back before the listener closes.
+std::string Ask(const std::string& path, const std::string& request) {
+  int c = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.data(), path.size());
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(c);
+    return "connect failed";
+  }
+  EXPECT_EQ(write(c, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  std::string got;
+  char buf[4096];
+  timeval tv{5, 0};
+  setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  for (ssize_t n; (n = read(c, buf, sizeof(buf))) > 0;) got.append(buf, static_cast<size_t>(n));
+  close(c);
+  return got;
+}
+
+TEST(HandoverProtocolTest, AListenerRefusesASuccessorTooFarApartAndKeepsListening) {
+  testing::TempDir dir;
+  const std::string path = dir.Sub("agent.sock");
+  std::atomic<int> asked{0};
+  auto listener = TakeoverListener::Start(path, [&](int conn) {
+    asked++;
+    close(conn);
+  });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  // Not a takeover request: dropped without an answer.
+  EXPECT_EQ(Ask(path, "hello there\n"), "");
+  // A release three protocols ahead: refused with the reason, both ranges named.
+  std::string refusal = Ask(path, "takeover v9 oldest 8\n");
+  ASSERT_GT(refusal.size(), 4u);
+  auto j = nlohmann::json::parse(refusal.substr(4), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << refusal;
+  const std::string why = j.value("refused", "");
+  EXPECT_NE(why.find("8-9"), std::string::npos) << why;
+  EXPECT_NE(why.find("keeps serving"), std::string::npos) << why;
+  EXPECT_EQ(asked, 0);
+  // The previous release's request (protocol 1) is still a successor's.
+  Ask(path, "takeover v1\n");
+  EXPECT_TRUE(testing::WaitFor([&] { return asked == 1; }, std::chrono::seconds(5)));
+}
+
+TEST(HandoverProtocolTest, ARefusalReachesTheRequesterAsItsReason) {
+  testing::TempDir dir;
+  const std::string path = dir.Sub("supervisor.sock");
+  // What a running release of protocols 3-4 answers this one (1-2): no fd, a reason.
+  int l = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.data(), path.size());
+  ASSERT_EQ(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(l, 1), 0);
+  std::thread other([&] {
+    int c = accept(l, nullptr, nullptr);
+    char buf[64];
+    (void)!read(c, buf, sizeof(buf));
+    std::string text = R"({"refused":"too far apart"})";
+    uint32_t len = static_cast<uint32_t>(text.size());
+    (void)!write(c, &len, sizeof(len));
+    (void)!write(c, text.data(), text.size());
+    close(c);
+  });
+  auto st = RequestTakeover(path, std::chrono::seconds(5));
+  other.join();
+  close(l);
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(st.status())) << st.status();
+  EXPECT_EQ(st.status().message(), "too far apart");
+  // Nothing listening: NotFound (the caller mounts afresh).
+  EXPECT_TRUE(absl::IsNotFound(RequestTakeover(path, std::chrono::seconds(1)).status()));
 }
 
 }  // namespace

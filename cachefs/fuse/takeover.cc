@@ -9,15 +9,41 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
 namespace ember::cachefs {
 namespace {
 
-constexpr char kRequest[] = "takeover v1\n";
+constexpr char kLegacyRequest[] = "takeover v1\n";  // protocol 1: no version range
+constexpr size_t kMaxRequestLine = 64;
 constexpr uint32_t kMaxState = 16 << 20;
+
+std::string RequestLine(HandoverProtocol p) {
+  if (p.current <= 1) return kLegacyRequest;
+  return absl::StrCat("takeover v", p.current, " oldest ", p.oldest, "\n");
+}
+
+// Returns: the protocols a request line names; nullopt if it is not a takeover request.
+std::optional<HandoverProtocol> ParseRequestLine(const std::string& line) {
+  if (line == kLegacyRequest) return HandoverProtocol{1, 1};
+  HandoverProtocol p;
+  char end = 0;
+  if (std::sscanf(line.c_str(), "takeover v%d oldest %d%c", &p.current, &p.oldest, &end) != 3 ||
+      end != '\n' || p.oldest < 1 || p.oldest > p.current) {
+    return std::nullopt;
+  }
+  return p;
+}
+
+std::string Range(HandoverProtocol p) {
+  return p.oldest == p.current ? absl::StrCat(p.current) : absl::StrCat(p.oldest, "-", p.current);
+}
 
 absl::StatusOr<sockaddr_un> Address(const std::string& path) {
   sockaddr_un a;
@@ -49,8 +75,28 @@ bool WaitReadable(int fd, std::chrono::steady_clock::time_point deadline) {
 
 std::string TakeoverSocketPath(const std::string& cache_dir) { return cache_dir + "/agent.sock"; }
 
-absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
-                                                std::chrono::milliseconds timeout) {
+HandoverProtocol OwnHandoverProtocol() {
+  HandoverProtocol p;
+  if (const char* t = std::getenv("EMBER_TEST_HANDOVER_PROTOCOL"); t != nullptr && *t != '\0') {
+    HandoverProtocol q;
+    if (std::sscanf(t, "%d:%d", &q.oldest, &q.current) == 2 && q.oldest >= 1 &&
+        q.oldest <= q.current) {
+      p = q;
+    }
+  }
+  return p;
+}
+
+bool HandoverCompatible(HandoverProtocol a, HandoverProtocol b) {
+  return a.oldest <= b.current && b.oldest <= a.current;
+}
+
+namespace {
+
+// One request on a fresh connection. Returns: the state; NotFound (nothing listens);
+// Aborted (the listener closed without a word: an agent of protocol 1 ignores later requests).
+absl::StatusOr<KernelFuseState> RequestOnce(const std::string& path, const std::string& request,
+                                            std::chrono::steady_clock::time_point deadline) {
   auto addr = Address(path);
   if (!addr.ok()) return addr.status();
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -61,31 +107,31 @@ absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
   };
   if (connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     if (errno == ENOENT || errno == ECONNREFUSED) {
-      return fail(absl::NotFoundError(absl::StrCat("no running agent listens at ", path)));
+      return fail(absl::NotFoundError(absl::StrCat("nothing serving the mount listens at ", path)));
     }
     return fail(absl::UnavailableError(absl::StrCat("connect ", path, ": ", strerror(errno))));
   }
-  if (write(fd, kRequest, sizeof(kRequest) - 1) != static_cast<ssize_t>(sizeof(kRequest) - 1)) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     return fail(absl::UnavailableError(absl::StrCat("write ", path, ": ", strerror(errno))));
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  // First message: the length, with the fd attached.
+  // First message: the length, with the fd attached (none: a refusal follows).
   uint32_t len = 0;
   int passed_fd = -1;
   {
     if (!WaitReadable(fd, deadline)) {
-      return fail(absl::DeadlineExceededError(
-          absl::StrCat("the running agent did not hand over within ", timeout.count(), " ms")));
+      return fail(absl::DeadlineExceededError("the running agent did not hand over in time"));
     }
     ssize_t n = RecvWithFd(fd, &len, sizeof(len), MSG_WAITALL, &passed_fd);
+    if (n == 0) return fail(absl::AbortedError("the running agent closed the connection"));
     if (n != sizeof(len)) {
       if (passed_fd >= 0) close(passed_fd);
       return fail(absl::UnavailableError("the running agent closed the takeover connection"));
     }
   }
-  if (passed_fd < 0 || len == 0 || len > kMaxState) {
+  if (len == 0 || len > kMaxState) {
     if (passed_fd >= 0) close(passed_fd);
-    return fail(absl::DataLossError("malformed takeover message (no fd or a bad length)"));
+    return fail(absl::DataLossError("malformed takeover message (a bad length)"));
   }
   std::string text(len, '\0');
   size_t got = 0;
@@ -97,8 +143,15 @@ absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
   }
   close(fd);
   if (got < len) {
-    close(passed_fd);
+    if (passed_fd >= 0) close(passed_fd);
     return absl::DataLossError("takeover state was cut short");
+  }
+  if (passed_fd < 0) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_object() && j.contains("refused") && j["refused"].is_string()) {
+      return absl::FailedPreconditionError(j["refused"].get<std::string>());
+    }
+    return absl::DataLossError("malformed takeover message (no fd)");
   }
   auto s = DecodeMountState(text);
   if (!s.ok()) {
@@ -106,6 +159,27 @@ absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
     return s.status();
   }
   s->fd = passed_fd;
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
+                                                std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const HandoverProtocol own = OwnHandoverProtocol();
+  auto s = RequestOnce(path, RequestLine(own), deadline);
+  if (absl::IsAborted(s.status()) && own.current > 1 && own.oldest <= 1) {
+    // An agent of protocol 1 drops requests it does not know; ask it its way.
+    s = RequestOnce(path, kLegacyRequest, deadline);
+  }
+  if (absl::IsAborted(s.status())) {
+    return absl::UnavailableError(absl::StrCat(s.status().message(), " without handing over"));
+  }
+  if (absl::IsDeadlineExceeded(s.status())) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the running agent did not hand over within ", timeout.count(), " ms"));
+  }
   return s;
 }
 
@@ -157,16 +231,34 @@ absl::StatusOr<std::unique_ptr<TakeoverListener>> TakeoverListener::Start(
       int conn = accept4(p->fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) continue;
       // The request line, within a second (anything else is not a successor).
-      char buf[sizeof(kRequest)] = {};
-      size_t got = 0;
+      std::string line;
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      while (got < sizeof(kRequest) - 1 && WaitReadable(conn, deadline)) {
-        ssize_t n = read(conn, buf + got, sizeof(kRequest) - 1 - got);
-        if (n <= 0) break;
-        got += static_cast<size_t>(n);
+      while (line.size() < kMaxRequestLine && (line.empty() || line.back() != '\n') &&
+             WaitReadable(conn, deadline)) {
+        char c;
+        if (read(conn, &c, 1) != 1) break;
+        line.push_back(c);
       }
-      if (got != sizeof(kRequest) - 1 || std::memcmp(buf, kRequest, got) != 0) {
+      const HandoverProtocol own = OwnHandoverProtocol();
+      auto theirs = ParseRequestLine(line);
+      if (own.current == 1 && line != kLegacyRequest) theirs.reset();  // as protocol 1 did
+      if (!theirs) {
         spdlog::warn("takeover: ignored a malformed request on {}", p->path_);
+        close(conn);
+        continue;
+      }
+      if (!HandoverCompatible(own, *theirs)) {
+        std::string why =
+            absl::StrCat("the running agent speaks handover protocol ", Range(own),
+                         " and its successor ", Range(*theirs),
+                         ": they cannot hand over (upgrade one release at a time); the "
+                         "running agent keeps serving");
+        spdlog::error("takeover: refused a successor: {}", why);
+        std::string text = nlohmann::json{{"refused", why}}.dump();
+        uint32_t len = static_cast<uint32_t>(text.size());
+        if (send(conn, &len, sizeof(len), MSG_NOSIGNAL) == sizeof(len)) {
+          (void)!send(conn, text.data(), text.size(), MSG_NOSIGNAL);  // best effort: it is told
+        }
         close(conn);
         continue;
       }

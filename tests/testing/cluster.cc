@@ -128,7 +128,8 @@ std::vector<std::string> NodeProcess::Argv() const {
 bool NodeProcess::Takeover() {
   std::vector<std::string> argv = Argv();
   argv.push_back("--takeover");
-  auto next = std::make_unique<Process>(argv, absl::StrCat(dir_, "/node-", starts_++));
+  auto next =
+      std::make_unique<Process>(argv, absl::StrCat(dir_, "/node-", starts_++), options_.env);
   bool took = WaitFor(
       [&] {
         return (next->Stdout() + next->Stderr()).find("took over") != std::string::npos ||
@@ -145,8 +146,17 @@ bool NodeProcess::Takeover() {
   return code == 0 && IsMounted(mount_);
 }
 
+std::unique_ptr<Process> NodeProcess::StartTwin(const std::vector<std::string>& env) const {
+  std::vector<std::string> all = options_.env;
+  all.insert(all.end(), env.begin(), env.end());
+  return std::make_unique<Process>(Argv(), absl::StrCat(dir_, "/node-", starts_++), all);
+}
+
+void NodeProcess::Replace(std::unique_ptr<Process> process) { process_ = std::move(process); }
+
 bool NodeProcess::StartOnce() {
-  process_ = std::make_unique<Process>(Argv(), absl::StrCat(dir_, "/node-", starts_++));
+  process_ =
+      std::make_unique<Process>(Argv(), absl::StrCat(dir_, "/node-", starts_++), options_.env);
   // Mounted by this process (an old stale mount may still be listed until it is cleaned up).
   bool up = WaitFor(
       [&] {

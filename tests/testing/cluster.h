@@ -45,6 +45,7 @@ class NodeProcess {
     std::string listen_host = "127.0.0.1";
     std::string cache_size = "1GiB";
     std::vector<std::string> extra_args;
+    std::vector<std::string> env;  // NAME=VALUE for the process
   };
   NodeProcess(const std::string& dir, const std::string& meta_address, const Options& options);
   NodeProcess(const std::string& dir, const std::string& meta_address)
@@ -62,6 +63,10 @@ class NodeProcess {
   // Starts a successor with the same flags plus --takeover; true once it serves the mount and
   // the predecessor has exited cleanly (the mount never went away).
   bool Takeover();
+  // Starts another process with this one's command line (as a DaemonSet's rolling update starts
+  // a pod's successor beside it), `env` added; Replace makes it this node's process.
+  std::unique_ptr<Process> StartTwin(const std::vector<std::string>& env = {}) const;
+  void Replace(std::unique_ptr<Process> process);
   void Kill(int sig);
   // Stats as last heartbeated to meta (fresh within a heartbeat interval).
   rpc::NodeStats Stats(meta::MetaClient& client);
@@ -74,7 +79,8 @@ class NodeProcess {
   std::vector<std::string> Argv() const;
   std::string dir_, meta_, mount_, cache_dir_;
   Options options_;
-  int port_ = 0, starts_ = 0;
+  int port_ = 0;
+  mutable int starts_ = 0;
   std::unique_ptr<Process> process_;
 };
 
