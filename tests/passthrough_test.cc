@@ -522,6 +522,43 @@ TEST_F(SupervisedTest, ASecondSupervisorTakesTheMountOverWithoutAGap) {
   EXPECT_LT(ReadyPid(), 0);
 }
 
+// `systemctl reload` after a package upgrade: SIGHUP, and the binary at the supervisor's path
+// continues the mount in the same process (the pid a service manager watches stays).
+TEST_F(SupervisedTest, AReloadUpgradesTheSupervisorInPlace) {
+  auto node = StartSupervised();
+  const std::string mnt = node->mount() + "/ds";
+  int kept = KeepResidentOpen(mnt);
+  ASSERT_GE(kept, 0);
+  VerifyingReaders readers(mnt, want_, 4);
+  for (int round = 0; round < 2; round++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const pid_t old_agent = ReadyPid();
+    node->process().Signal(SIGHUP);
+    bool upgraded = testing::WaitFor(
+        [&] {
+          std::string log = node->Log();
+          size_t n = 0;
+          for (size_t at = 0; (at = log.find("upgraded in place", at)) != std::string::npos; at++) {
+            n++;
+          }
+          return (n == static_cast<size_t>(round + 1) && ReadyPid() > 0 &&
+                  ReadyPid() != old_agent && ReadyPid() == LastAgentPid(log)) ||
+                 !node->process().Running();
+        },
+        std::chrono::seconds(60));
+    if (!upgraded || !node->process().Running()) {
+      ADD_FAILURE() << "round " << round << ": " << node->Log();
+      break;
+    }
+    EXPECT_FALSE(Alive(old_agent));
+    EXPECT_EQ(PreadAll(kept, want_[0].size()), want_[0]) << "the file kept open, round " << round;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  readers.Finish("2 in-place upgrades under 4 readers");
+  close(kept);
+  EXPECT_TRUE(node->Stop()) << node->Log();
+}
+
 TEST_F(SupervisedTest, TheOldAgentKilledInTheMiddleOfTheHandoverLosesNothing) {
   auto node = StartSupervised();
   const std::string mnt = node->mount() + "/ds";
@@ -551,7 +588,8 @@ TEST_F(SupervisedTest, TheOldAgentKilledInTheMiddleOfTheHandoverLosesNothing) {
 
 TEST_F(SupervisedTest, ARefusedUpgradeLeavesTheRunningSupervisorServing) {
   // The running one acts as a release two protocols ahead of this one (a rollback too far).
-  auto node = StartSupervised({"EMBER_TEST_HANDOVER_PROTOCOL=3:3"});
+  auto node =
+      StartSupervised({"EMBER_TEST_HANDOVER_PROTOCOL=3:3", "EMBER_TEST_RELOAD_PROTOCOL=1:2"});
   const std::string mnt = node->mount() + "/ds";
   VerifyingReaders readers(mnt, want_, 2);
   const pid_t agent = ReadyPid();
@@ -561,6 +599,14 @@ TEST_F(SupervisedTest, ARefusedUpgradeLeavesTheRunningSupervisorServing) {
   EXPECT_NE(why.find("refused to hand its mount over"), std::string::npos) << why;
   EXPECT_NE(why.find("handover protocol 3 and its successor 1-2"), std::string::npos) << why;
   EXPECT_NE(why.find("keeps serving"), std::string::npos) << why;
+  // Nor in place: the binary at its path is (made to look) as far apart.
+  node->process().Signal(SIGHUP);
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return node->Log().find("not upgrading in place") != std::string::npos; },
+      std::chrono::seconds(20)))
+      << node->Log();
+  EXPECT_NE(node->Log().find("speaks handover protocol 1-2 and this one 3-3"), std::string::npos)
+      << node->Log();
   // The old one never stopped: the same agent serves, and a later compatible upgrade works.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(ReadyPid(), agent);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cachefs/fuse/supervisor.h"
+#include "cachefs/fuse/takeover.h"
 #include "cachefs/node_agent.h"
 #include "common/http_server.h"
 #include "common/units.h"
@@ -283,14 +285,18 @@ void RunAgent(const cachefs::NodeOptions& options, const std::function<void()>& 
   waiter.join();
 }
 
+std::vector<std::string> CommandLine() {
+  std::vector<std::string> args;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+  return args;
+}
+
 // `ember node --supervise`: the agent is this command line without --supervise, run under
 // cachefs's supervisor (cachefs/fuse/supervisor.h), which keeps the mount across its crashes.
 std::vector<std::string> SupervisedAgentArgs() {
-  std::vector<std::string> args;
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  for (std::string a; std::getline(in, a, '\0');) {
-    if (a != "--supervise") args.push_back(a);
-  }
+  std::vector<std::string> args = CommandLine();
+  args.erase(std::remove(args.begin(), args.end(), "--supervise"), args.end());
   return args;
 }
 
@@ -315,11 +321,26 @@ void AddNodeCommands(CLI::App& app) {
       BlockTerminationSignals();
       if (f->supervise) {
         if (f->fuse_binding != "kernel") Fail("--supervise needs --fuse-binding kernel");
-        auto code = cachefs::Supervise(SupervisedAgentArgs(), {f->cache_dir, f->ready_file});
+        sigset_t hup;  // an in-place upgrade (supervisor.h)
+        sigemptyset(&hup);
+        sigaddset(&hup, SIGHUP);
+        pthread_sigmask(SIG_BLOCK, &hup, nullptr);
+        auto code =
+            cachefs::Supervise(SupervisedAgentArgs(), {CommandLine(), f->cache_dir, f->ready_file});
         if (!code.ok()) Fail(code.status());
         std::exit(*code);
       }
       RunAgent(o, {});
+    });
+  }
+  {
+    // Asked by a supervisor before it hands its mount to this binary in place (supervisor.h).
+    auto* c = app.add_subcommand("handover-protocol",
+                                 "Print the handover protocols this binary speaks: OLDEST CURRENT");
+    c->group("");  // not for users
+    c->callback([] {
+      const cachefs::HandoverProtocol p = cachefs::OwnHandoverProtocol();
+      std::printf("%d %d\n", p.oldest, p.current);
     });
   }
   {

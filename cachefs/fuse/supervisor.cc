@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,10 +12,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -25,7 +29,8 @@
 namespace ember::cachefs {
 namespace {
 constexpr uint32_t kMaxState = 16 << 20;
-}
+constexpr char kReloadEnv[] = "EMBER_SUPERVISOR_RELOAD";
+}  // namespace
 
 absl::Status SendStateMessage(int sock, const KernelFuseState& state) {
   std::string text = EncodeMountState(state);
@@ -174,6 +179,130 @@ class SuccessorSlot {
   int conn_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
+// Takes the mount from the agent `pid` for a successor: the agent hands it over on its takeover
+// socket and exits; a dead or stuck agent is killed and the copy kept in `state` goes instead
+// (requests it had taken are resent to the next agent). Returns: the agent's wait status, once it
+// has exited (never two agents on one mount).
+int TakeFromAgent(pid_t pid, const std::string& cache_dir, int sock, KernelFuseState* state) {
+  auto taken = RequestTakeover(TakeoverSocketPath(cache_dir), std::chrono::seconds(60));
+  if (!taken.ok()) {
+    spdlog::warn("supervisor: the agent did not hand over ({}); handing over this copy",
+                 std::string(taken.status().message()));
+    kill(pid, SIGKILL);
+  }
+  int status = Reap(pid, std::chrono::seconds(30));
+  KernelFuseState after;  // updates the agent sent before handing over are in what it handed
+  while (ReceiveSupervisorMessage(sock, taken.ok() ? &after : state) > 0) {
+  }
+  if (after.fd >= 0) close(after.fd);
+  if (taken.ok()) {
+    if (state->fd >= 0) close(state->fd);
+    *state = std::move(*taken);
+  }
+  return status;
+}
+
+// The binary now at this process's path (a package upgrade replaced it), if it can continue this
+// supervisor's mount. Returns: its path; FailedPrecondition naming why not.
+absl::StatusOr<std::string> ReloadTarget() {
+  char buf[PATH_MAX + 1];
+  ssize_t n = readlink("/proc/self/exe", buf, PATH_MAX);
+  if (n <= 0) return absl::FailedPreconditionError("cannot read /proc/self/exe");
+  std::string bin(buf, static_cast<size_t>(n));
+  const std::string deleted = " (deleted)";
+  if (bin.size() > deleted.size() && bin.ends_with(deleted))
+    bin.resize(bin.size() - deleted.size());
+  // Ask it which handover protocols it speaks (`ember handover-protocol`).
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return absl::FailedPreconditionError("pipe failed");
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    if (const char* t = std::getenv("EMBER_TEST_RELOAD_PROTOCOL"); t != nullptr) {
+      setenv("EMBER_TEST_HANDOVER_PROTOCOL", t, 1);  // tests: act as another release would
+    }
+    execl(bin.c_str(), bin.c_str(), "handover-protocol", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pid > 0 && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char chunk[256];
+    ssize_t got = read(out[0], chunk, sizeof(chunk));
+    if (got <= 0) break;
+    text.append(chunk, static_cast<size_t>(got));
+  }
+  close(out[0]);
+  if (pid > 0) Reap(pid, std::chrono::seconds(1));
+  HandoverProtocol theirs;
+  if (std::sscanf(text.c_str(), "%d %d", &theirs.oldest, &theirs.current) != 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(bin, " does not say which handover protocols it speaks"));
+  }
+  const HandoverProtocol own = OwnHandoverProtocol();
+  if (!HandoverCompatible(own, theirs)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        bin, " speaks handover protocol ", theirs.oldest, "-", theirs.current, " and this one ",
+        own.oldest, "-", own.current, ": they cannot hand over (upgrade one release at a time)"));
+  }
+  return bin;
+}
+
+// Runs `bin` with `argv` in this process, giving it the mount (the state in a memfd and the
+// /dev/fuse fd, both named in $EMBER_SUPERVISOR_RELOAD). Returns: only on failure, why.
+absl::Status ExecWithMount(const std::string& bin, const std::vector<std::string>& argv,
+                           const KernelFuseState& state) {
+  int memfd = memfd_create("ember-mount-state", 0);
+  if (memfd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
+  const std::string text = EncodeMountState(state);
+  if (write(memfd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    close(memfd);
+    return absl::InternalError(absl::StrCat("writing the mount state: ", strerror(errno)));
+  }
+  fcntl(state.fd, F_SETFD, 0);  // kept across exec
+  setenv(kReloadEnv, absl::StrCat(memfd, ":", state.fd).c_str(), 1);
+  std::vector<std::string> args = argv;
+  std::vector<char*> cargv;
+  for (auto& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  execv(bin.c_str(), cargv.data());
+  const int err = errno;
+  unsetenv(kReloadEnv);
+  fcntl(state.fd, F_SETFD, FD_CLOEXEC);
+  close(memfd);
+  return absl::InternalError(absl::StrCat("exec ", bin, ": ", strerror(err)));
+}
+
+// The mount an in-place upgrade left this process (ExecWithMount), if any.
+std::optional<KernelFuseState> MountFromReload() {
+  const char* env = std::getenv(kReloadEnv);
+  if (env == nullptr) return std::nullopt;
+  int memfd = -1, fd = -1;
+  const bool named = std::sscanf(env, "%d:%d", &memfd, &fd) == 2;
+  unsetenv(kReloadEnv);
+  if (!named) return std::nullopt;
+  std::string text;
+  char chunk[4096];
+  lseek(memfd, 0, SEEK_SET);
+  for (ssize_t n; (n = read(memfd, chunk, sizeof(chunk))) > 0;) {
+    text.append(chunk, static_cast<size_t>(n));
+  }
+  close(memfd);
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  auto s = DecodeMountState(text);
+  if (!s.ok()) {
+    spdlog::error("supervisor: the mount handed over by the previous binary is unreadable: {}",
+                  std::string(s.status().message()));
+    close(fd);
+    return std::nullopt;
+  }
+  s->fd = fd;
+  return std::move(*s);
+}
+
 }  // namespace
 
 absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
@@ -181,7 +310,10 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
   KernelFuseState state;
   // A supervisor already serving this cache dir (the old pod of a rolling update) hands its
   // mount over; without one, the first agent asks a running agent itself (--takeover).
-  {
+  if (auto reloaded = MountFromReload()) {
+    state = std::move(*reloaded);
+    spdlog::info("supervisor: upgraded in place; continuing the mount {}", state.mountpoint);
+  } else {
     auto inherited =
         RequestTakeover(SupervisorSocketPath(options.cache_dir), std::chrono::seconds(150));
     if (inherited.ok()) {
@@ -214,6 +346,9 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
   sigemptyset(&term);
   sigaddset(&term, SIGTERM);
   sigaddset(&term, SIGINT);
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
   SuccessorSlot successor;
   std::unique_ptr<TakeoverListener> listener;
   while (true) {
@@ -229,6 +364,7 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
     pid_t pid = fork();
     if (pid == 0) {
       sigprocmask(SIG_UNBLOCK, &term, nullptr);
+      sigprocmask(SIG_UNBLOCK, &hup, nullptr);
       fcntl(sv[1], F_SETFD, 0);  // inherited by the agent
       setenv(kSupervisorFdEnv, fd_text.c_str(), 1);
       execv("/proc/self/exe", argv.data());
@@ -270,25 +406,8 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
         listener.reset();  // it ended with this request; a failed handover listens anew
         RemoveReadyFile(options.ready_file);
         spdlog::info("supervisor: a successor asked for the mount; taking it from the agent");
-        auto taken =
-            RequestTakeover(TakeoverSocketPath(options.cache_dir), std::chrono::seconds(60));
-        if (!taken.ok()) {
-          // Dead or stuck: the copy kept here is what a restart would get (requests the agent
-          // had taken are resent to the successor's).
-          spdlog::warn("supervisor: the agent did not hand over ({}); handing over this copy",
-                       std::string(taken.status().message()));
-          kill(pid, SIGKILL);
-        }
+        status = TakeFromAgent(pid, options.cache_dir, sv[0], &state);
         took = true;
-        status = Reap(pid, std::chrono::seconds(30));  // never two agents on one mount
-        KernelFuseState after;
-        while (ReceiveSupervisorMessage(sv[0], taken.ok() ? &after : &state) > 0) {
-        }
-        if (after.fd >= 0) close(after.fd);
-        if (taken.ok()) {
-          if (state.fd >= 0) close(state.fd);
-          state = std::move(*taken);
-        }
         absl::Status st = SendTakeoverState(conn, state);
         if (st.ok()) {
           handed = true;
@@ -296,6 +415,24 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
           spdlog::error("supervisor: {}; restarting the agent on the mount",
                         std::string(st.message()));
         }
+        break;
+      }
+      if (sigtimedwait(&hup, nullptr, &zero) == SIGHUP && !stopping) {
+        auto bin = state.fd >= 0 ? ReloadTarget()
+                                 : absl::FailedPreconditionError("the agent does not serve yet");
+        if (!bin.ok()) {
+          spdlog::error("supervisor: not upgrading in place: {}; the agent keeps serving",
+                        std::string(bin.status().message()));
+          continue;
+        }
+        listener.reset();
+        RemoveReadyFile(options.ready_file);
+        spdlog::info("supervisor: upgrading in place to {}; taking the mount from the agent", *bin);
+        status = TakeFromAgent(pid, options.cache_dir, sv[0], &state);
+        took = true;
+        absl::Status st = ExecWithMount(*bin, options.self_argv, state);  // only on failure
+        spdlog::error("supervisor: {}; restarting the agent on the mount",
+                      std::string(st.message()));
         break;
       }
       if (waitpid(pid, &status, WNOHANG) == pid) break;

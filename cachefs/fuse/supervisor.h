@@ -17,6 +17,12 @@
 // agent adopts the mount. If no supervisor listens, that agent asks a running agent directly
 // (--takeover), else mounts afresh; a refusal (releases too far apart) ends the successor with
 // the reason, and the running one keeps serving.
+//
+// In place (SIGHUP; `systemctl reload` after installing a new binary): the supervisor asks the
+// binary now at its path which protocols it speaks (`ember handover-protocol`), takes the mount
+// from its agent as above and execs that binary with the same command line and the mount
+// ($EMBER_SUPERVISOR_RELOAD); the pid stays, so a service manager sees no restart. An
+// incompatible binary is refused with the reason and the agent keeps serving.
 #pragma once
 
 #include <cstddef>
@@ -37,7 +43,8 @@ inline constexpr char kSupervisorFdEnv[] = "EMBER_SUPERVISOR_FD";
 std::string SupervisorSocketPath(const std::string& cache_dir);
 
 struct SuperviseOptions {
-  std::string cache_dir;   // where the takeover sockets live (the agent's --cache-dir)
+  std::vector<std::string> self_argv;  // this command line: an in-place upgrade runs it again
+  std::string cache_dir;               // where the takeover sockets live (the agent's --cache-dir)
   std::string ready_file;  // holds the agent's pid while it serves this supervisor's mount
 };
 
