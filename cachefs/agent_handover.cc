@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "cachefs/fuse/supervisor.h"
@@ -49,6 +50,10 @@ std::unique_ptr<Handover> Handover::Listen(const std::string& cache_dir, KernelF
 }
 
 void Handover::OnRequest(int conn) {
+  {
+    absl::MutexLock lock(&mu_);
+    requested_ = true;  // before Run() returns: the agent then stops for the successor
+  }
   KernelFuseState state = kernel_->Quiesce();  // Run() returns in the main thread
   absl::MutexLock lock(&mu_);
   state_ = std::move(state);
@@ -57,21 +62,25 @@ void Handover::OnRequest(int conn) {
 
 bool Handover::Requested() {
   absl::MutexLock lock(&mu_);
-  return conn_ >= 0;
+  return requested_;
 }
 
 void Handover::StopListening() { listener_.reset(); }
 
-void Handover::Send() {
+void Handover::Send(int peer_listener) {
   absl::MutexLock lock(&mu_);
-  if (conn_ < 0) return;
-  absl::Status st = SendTakeoverState(conn_, state_);
+  if (conn_ < 0) {
+    if (peer_listener >= 0) close(peer_listener);
+    return;
+  }
+  state_.peer_listen_fd = peer_listener;
+  absl::Status st = SendTakeoverState(std::exchange(conn_, -1), state_);
   if (st.ok()) {
     spdlog::info("takeover: mount {} handed over", state_.mountpoint);
   } else {
     spdlog::error("takeover: {}; the mount ends with this process", std::string(st.message()));
   }
-  close(state_.fd);  // conn_ stays set: Requested() keeps saying a successor took the mount
+  CloseStateFds(&state_);
 }
 
 }  // namespace ember::cachefs

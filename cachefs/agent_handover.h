@@ -39,9 +39,10 @@ class Handover {
   bool Requested() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops listening (a request being handled finishes first).
   void StopListening();
-  // Sends the mount to the successor that asked, then closes this process's copy of its fd.
-  // REQUIRES: everything the successor opens (cache index, ports) is closed. No-op if none asked.
-  void Send() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends the mount to the successor that asked, with `peer_listener` (the peer port, still
+  // listening, or -1), then closes this process's copies. REQUIRES: everything else the
+  // successor opens (cache index, other ports) is closed. No-op if none asked.
+  void Send(int peer_listener) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   explicit Handover(KernelFuse* kernel) : kernel_(kernel) {}
@@ -51,7 +52,8 @@ class Handover {
   KernelFuse* const kernel_;
   std::unique_ptr<TakeoverListener> listener_;
   absl::Mutex mu_;
-  int conn_ ABSL_GUARDED_BY(mu_) = -1;  // a successor waiting for the mount
+  bool requested_ ABSL_GUARDED_BY(mu_) = false;  // a successor asked (it stays asked)
+  int conn_ ABSL_GUARDED_BY(mu_) = -1;           // the successor waiting for the mount
   KernelFuseState state_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -6,6 +6,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "cachefs/agent_handover.h"
 #include "cachefs/agent_metrics.h"
@@ -146,6 +148,10 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   to.io_timeout = options.peer_timeout;
   to.rdma_traffic_class = options.rdma_traffic_class;
   to.rdma_memory = options.rdma_memory;
+  if (*inherited) {
+    // The predecessor's peer port, still listening: peers that connected meanwhile are served.
+    to.listen_fd = std::exchange((*inherited)->peer_listen_fd, -1);
+  }
   a->block_source_ = std::make_unique<CacheBlockSource>(a->cache_.get());
   auto server = transport::StartBlockServer(options.listen, a->block_source_.get(), to);
   if (!server.ok()) {
@@ -158,7 +164,11 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   auto transport = transport::SelectTransport(options.transport, to, &why);
   if (!transport.ok()) return transport.status();
   a->transport_ = std::move(*transport);
-  spdlog::info("node: peers served on {}; fetching with {}", options.listen, why);
+  spdlog::info("node: peers served on {}{}; fetching with {}", options.listen,
+               to.listen_fd >= 0 && a->block_server_->listener() == to.listen_fd
+                   ? " (the predecessor's socket)"
+                   : "",
+               why);
   PeerFetcher::Options po;
   po.self_id = a->options_.node_id;
   po.self_switch = Label(options.labels, "switch");
@@ -194,7 +204,9 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
                             : KernelFuse::Mount(a->fs_.get(), options.mountpoint, options.mount);
     if (!mount.ok()) return mount.status();
     a->kernel_ = mount->get();
-    if (options.supervisor_fd >= 0) a->kernel_->SetSupervisor(options.supervisor_fd);
+    if (options.supervisor_fd >= 0) {
+      a->kernel_->SetSupervisor(options.supervisor_fd, a->block_server_->listener());
+    }
     a->mount_ = std::move(*mount);
     // A successor (`ember node --takeover`) can ask for this mount (not for one served over
     // io_uring: its rings die with this process).
@@ -262,7 +274,7 @@ NodeAgent::~NodeAgent() {
     manifests_.reset();
     directory_.reset();
     meta_.reset();
-    handover_->Send();
+    handover_->Send(std::exchange(released_listener_, -1));
   }
 }
 
@@ -279,6 +291,10 @@ void NodeAgent::Stop() {
   if (stopping_.exchange(true)) return;
   if (reporter_) reporter_->Stop();
   if (mount_) mount_->Stop();
+  if (block_server_ && HandedOver()) {
+    // Peers connecting from now on wait in the socket's backlog for the successor.
+    released_listener_ = block_server_->ReleaseListener();
+  }
   if (block_server_) block_server_->Stop();
 }
 

@@ -133,6 +133,7 @@ class NodeAgent {
   std::unique_ptr<origin::Origin> origin_;
   std::unique_ptr<CacheBlockSource> block_source_;
   std::unique_ptr<transport::BlockServer> block_server_;
+  int released_listener_ = -1;  // the peer port, still listening, for a successor
   std::unique_ptr<transport::BlockTransport> transport_;
   std::unique_ptr<ChecksumBook> checksums_;
   std::unique_ptr<PeerFetcher> peers_;

@@ -335,14 +335,17 @@ TEST_F(PassthroughTest, TakeoverUnderEightReadersLosesNoRead) {
 }
 
 // Readers that verify every byte of `files` through the mount (page cache dropped before each
-// read), and a watcher that counts the moments the mount is absent, until Finish().
+// read), and a watcher that counts the moments the mount is absent and, given the node's peer
+// address, the connections to it that are refused, until Finish().
 class VerifyingReaders {
  public:
-  VerifyingReaders(const std::string& dir, const std::vector<std::string>& want, int threads) {
-    watcher_ = std::thread([this, mount = fs::path(dir).parent_path().string()] {
+  VerifyingReaders(const std::string& dir, const std::vector<std::string>& want, int threads,
+                   const std::string& peer_address = "") {
+    watcher_ = std::thread([this, peer_address, mount = fs::path(dir).parent_path().string()] {
       while (!stop_) {
         if (!testing::IsMounted(mount)) absent_++;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (!peer_address.empty() && !testing::PortOpen(peer_address)) refused_++;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
     });
     for (int t = 0; t < threads; t++) {
@@ -373,18 +376,22 @@ class VerifyingReaders {
     stop_ = true;
     for (auto& t : readers_) t.join();
     watcher_.join();
-    std::printf("%s: %d reads, %d failed, %d wrong, mount absent %d times\n", what.c_str(),
-                reads_.load(), failed_.load(), wrong_.load(), absent_.load());
+    std::printf(
+        "%s: %d reads, %d failed, %d wrong, mount absent %d times, peer connections refused %d "
+        "times\n",
+        what.c_str(), reads_.load(), failed_.load(), wrong_.load(), absent_.load(),
+        refused_.load());
     EXPECT_GT(reads_, 10);
     EXPECT_EQ(failed_, 0);
     EXPECT_EQ(wrong_, 0);
     EXPECT_EQ(absent_, 0);
+    EXPECT_EQ(refused_, 0);
   }
   int reads() const { return reads_; }
 
  private:
   std::atomic<bool> stop_{false};
-  std::atomic<int> reads_{0}, failed_{0}, wrong_{0}, absent_{0};
+  std::atomic<int> reads_{0}, failed_{0}, wrong_{0}, absent_{0}, refused_{0};
   std::vector<std::thread> readers_;
   std::thread watcher_;
 };
@@ -454,7 +461,7 @@ TEST_F(SupervisedTest, CrashedAgentIsReattachedByItsSupervisor) {
   const std::string mnt = node->mount() + "/ds";
   int kept = KeepResidentOpen(mnt);  // open across every crash
   ASSERT_GE(kept, 0);
-  VerifyingReaders readers(mnt, want_, 4);
+  VerifyingReaders readers(mnt, want_, 4, node->listen_address());
   // (EXPECT and break, not ASSERT, inside: the readers must be joined before returning.)
   for (int crash = 0; crash < 3; crash++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -492,7 +499,7 @@ TEST_F(SupervisedTest, ASecondSupervisorTakesTheMountOverWithoutAGap) {
   const std::string mnt = node->mount() + "/ds";
   int kept = KeepResidentOpen(mnt);  // open across every upgrade
   ASSERT_GE(kept, 0);
-  VerifyingReaders readers(mnt, want_, 4);
+  VerifyingReaders readers(mnt, want_, 4, node->listen_address());
   for (int round = 0; round < 2; round++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     const pid_t old_agent = LastAgentPid(node->Log());
@@ -529,7 +536,7 @@ TEST_F(SupervisedTest, AReloadUpgradesTheSupervisorInPlace) {
   const std::string mnt = node->mount() + "/ds";
   int kept = KeepResidentOpen(mnt);
   ASSERT_GE(kept, 0);
-  VerifyingReaders readers(mnt, want_, 4);
+  VerifyingReaders readers(mnt, want_, 4, node->listen_address());
   for (int round = 0; round < 2; round++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     const pid_t old_agent = ReadyPid();
@@ -563,7 +570,7 @@ TEST_F(SupervisedTest, TheOldAgentKilledInTheMiddleOfTheHandoverLosesNothing) {
   auto node = StartSupervised();
   const std::string mnt = node->mount() + "/ds";
   ASSERT_EQ(ReadUncached(mnt + "/f1"), want_[1]);
-  VerifyingReaders readers(mnt, want_, 4);
+  VerifyingReaders readers(mnt, want_, 4, node->listen_address());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // The old agent stops answering (its requests wait in the kernel), the successor asks, and
   // the agent is killed while its supervisor waits for it to hand over.

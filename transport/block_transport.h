@@ -60,6 +60,10 @@ struct TransportOptions {
   bool serve_rdma = true;                      // server side: accept RDMA queue pairs if able
   uint8_t rdma_traffic_class = 0;              // RoCE: the GRH traffic class (DSCP << 2)
   size_t rdma_memory = 512u << 20;             // registered buffers per pool (client, server)
+  // Server side: a socket already listening on the server's address (handed over by the agent
+  // this one succeeds) to serve on instead of binding anew; the server owns it (a socket on
+  // another address is closed).
+  int listen_fd = -1;
 };
 
 struct FetchInfo {
@@ -108,9 +112,15 @@ class BlockServer {
   };
   virtual ~BlockServer() = default;
   virtual int port() const = 0;
+  // The listening socket (owned by the server; -1 once released or stopped).
+  virtual int listener() const = 0;
   virtual Stats GetStats() = 0;
   // Stops accepting and closes every connection. Idempotent.
   virtual void Stop() = 0;
+  // Stops accepting and gives up the listening socket, still listening: connections that arrive
+  // from now on wait in its backlog for the server it is handed to. Then Stop() as usual.
+  // Returns: the socket, or -1 if stopped.
+  virtual int ReleaseListener() = 0;
 };
 
 // Serves blocks from `source` on `listen` ("HOST:PORT", port 0 picks one), answering RDMA queue

@@ -119,6 +119,40 @@ absl::StatusOr<int> ListenTcp(const std::string& host_port, int* bound_port) {
   return absl::UnavailableError(absl::StrCat("cannot listen on ", host_port, ": ", last));
 }
 
+absl::StatusOr<int> AdoptListener(int fd, const std::string& host_port, int* bound_port) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  int listening = 0;
+  socklen_t optlen = sizeof(listening);
+  bool same = false;
+  auto res = Resolve(host_port, true);
+  if (res.ok() && getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) == 0 && listening) {
+    for (addrinfo* ai = *res; ai != nullptr && !same; ai = ai->ai_next) {
+      if (ai->ai_family != ss.ss_family) continue;
+      if (ss.ss_family == AF_INET) {
+        const auto* want = reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
+        const auto* have = reinterpret_cast<const sockaddr_in*>(&ss);
+        same = want->sin_addr.s_addr == have->sin_addr.s_addr &&
+               (want->sin_port == 0 || want->sin_port == have->sin_port);
+      } else if (ss.ss_family == AF_INET6) {
+        const auto* want = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr);
+        const auto* have = reinterpret_cast<const sockaddr_in6*>(&ss);
+        same = std::memcmp(&want->sin6_addr, &have->sin6_addr, sizeof(in6_addr)) == 0 &&
+               (want->sin6_port == 0 || want->sin6_port == have->sin6_port);
+      }
+    }
+  }
+  if (res.ok()) freeaddrinfo(*res);
+  if (!same) {
+    close(fd);  // another address now (or not a listener): bind as configured
+    return ListenTcp(host_port, bound_port);
+  }
+  *bound_port = ntohs(ss.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
+                                              : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  return fd;
+}
+
 namespace {
 
 // quickack: ACK each segment at once (TCP_QUICKACK is not sticky, so it is set before each recv).

@@ -18,6 +18,9 @@ absl::StatusOr<int> ConnectTcp(const std::string& host_port, std::chrono::millis
                                std::chrono::milliseconds io_timeout);
 // Binds and listens. Returns the fd (and the bound port), or Unavailable.
 absl::StatusOr<int> ListenTcp(const std::string& host_port, int* bound_port);
+// A listening socket handed over by a predecessor: kept if it is bound to `host_port`'s address
+// (port 0: any port), else closed and ListenTcp's. Returns as ListenTcp.
+absl::StatusOr<int> AdoptListener(int fd, const std::string& host_port, int* bound_port);
 void SetIoTimeout(int fd, std::chrono::milliseconds t);
 // Reads/writes exactly n bytes (the socket's timeouts apply). Unavailable on EOF, error or
 // timeout.

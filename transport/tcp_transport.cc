@@ -6,8 +6,11 @@
 // (qp_responder.h); it knows nothing of RDMA.
 #include "transport/tcp_transport.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,11 +49,31 @@ class TcpServer final : public BlockServer {
         source_(source),
         options_(options),
         responder_(std::move(responder)) {
+    wake_fd_ = eventfd(0, EFD_CLOEXEC);
+    // Polled: a connection gone before accept() must not block the acceptor (the flag is the
+    // socket's, kept by a server it is handed to; accepted sockets do not inherit it).
+    fcntl(listen_fd, F_SETFL, fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
     acceptor_ = std::thread([this] { AcceptLoop(); });
   }
-  ~TcpServer() override { Stop(); }
+  ~TcpServer() override {
+    Stop();
+    close(wake_fd_);
+  }
 
   int port() const override { return port_; }
+  int listener() const override { return listen_fd_.load(); }
+
+  int ReleaseListener() override ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopped_ || releasing_) return -1;
+      releasing_ = true;
+    }
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));  // the acceptor polls it beside the socket
+    if (acceptor_.joinable()) acceptor_.join();
+    return listen_fd_.exchange(-1);
+  }
 
   Stats GetStats() override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -64,9 +87,10 @@ class TcpServer final : public BlockServer {
       stopped_ = true;
       for (int fd : conns_) shutdown(fd, SHUT_RDWR);
     }
-    shutdown(listen_fd_, SHUT_RDWR);
-    acceptor_.join();
-    close(listen_fd_);
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+    if (acceptor_.joinable()) acceptor_.join();
+    if (int fd = listen_fd_.exchange(-1); fd >= 0) close(fd);
     std::vector<std::thread> threads;
     {
       absl::MutexLock lock(&mu_);
@@ -76,12 +100,21 @@ class TcpServer final : public BlockServer {
   }
 
  private:
+  // Accepts until woken by Stop or ReleaseListener (the socket itself is left listening, so a
+  // released one keeps its backlog for the next server).
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_) {
+    const int listen_fd = listen_fd_.load();
     while (true) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      pollfd p[2] = {{listen_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      if (poll(p, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (p[1].revents & POLLIN) return;
+      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        return;  // shut down
+        if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
+        return;
       }
       bool busy = false;
       {
@@ -307,7 +340,9 @@ class TcpServer final : public BlockServer {
     return out->size() < kFlushAt || Flush(fd, out);
   }
 
-  int listen_fd_;
+  std::atomic<int> listen_fd_;
+  int wake_fd_ = -1;
+  bool releasing_ ABSL_GUARDED_BY(mu_) = false;
   int port_;
   BlockSource* source_;
   TransportOptions options_;
@@ -507,7 +542,8 @@ absl::StatusOr<std::unique_ptr<BlockServer>> StartTcpBlockServer(
   // MSG_NOSIGNAL, so SIGPIPE is ignored in any process that serves blocks.
   signal(SIGPIPE, SIG_IGN);
   int port = 0;
-  auto fd = ListenTcp(listen, &port);
+  auto fd = options.listen_fd >= 0 ? AdoptListener(options.listen_fd, listen, &port)
+                                   : ListenTcp(listen, &port);
   if (!fd.ok()) return fd.status();
   return std::unique_ptr<BlockServer>(
       new TcpServer(*fd, port, source, options, std::move(responder)));

@@ -60,8 +60,10 @@ class KernelFuse final : public MountBinding {
   // The returned fd is this object's; it stays open until this object is destroyed.
   KernelFuseState Quiesce();
   // Reports the mount and every open and release to a supervisor (supervisor.h) over `sock`,
-  // so the mount survives a crash of this process. Call before Run().
-  void SetSupervisor(int sock);
+  // so the mount survives a crash of this process; with it goes `peer_listener` (the agent's
+  // listening peer socket, not owned; -1: none), which a restarted agent serves on. Call before
+  // Run().
+  void SetSupervisor(int sock, int peer_listener);
 
   using Stats = OpenFiles::Stats;
   Stats GetStats() { return files_->GetStats(); }
@@ -74,7 +76,8 @@ class KernelFuse final : public MountBinding {
   void Serve(int fd);
   // Ends the ring threads, if any.
   void StopUring();
-  // What a successor needs apart from the open files; fd is fd_ itself.
+  // What a successor needs apart from the open files; fd is fd_ itself, peer_listen_fd the
+  // supervisor's copy's (not owned).
   KernelFuseState SessionState() const;
 
   FileSystem* fs_ = nullptr;
@@ -83,6 +86,7 @@ class KernelFuse final : public MountBinding {
   fuse_session* session_ = nullptr;  // libfuse, for mounting and unmounting only
   int fd_ = -1;
   int supervisor_ = -1;
+  int peer_listener_ = -1;  // sent to the supervisor with the mount (not owned)
   bool adopted_ = false;
   std::unique_ptr<OpenFiles> files_;
   // Negotiated at INIT (by this process or its predecessor); set before serving.

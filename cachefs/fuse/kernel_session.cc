@@ -99,8 +99,9 @@ KernelFuse::~KernelFuse() {
   }
 }
 
-void KernelFuse::SetSupervisor(int sock) {
+void KernelFuse::SetSupervisor(int sock, int peer_listener) {
   supervisor_ = sock;
+  peer_listener_ = peer_listener;
   files_->SetSupervisor(sock);
 }
 
@@ -197,6 +198,7 @@ KernelFuseState KernelFuse::SessionState() const {
   s.proto_minor = proto_minor_;
   s.passthrough = negotiated_passthrough_;
   s.direct_io_mmap = direct_io_mmap_;
+  s.peer_listen_fd = peer_listener_;
   return s;
 }
 
@@ -319,6 +321,7 @@ KernelFuseState KernelFuse::Quiesce() {
   KernelFuseState s = SessionState();
   files_->Snapshot(&s);
   s.fd = dup(fd_);
+  s.peer_listen_fd = -1;  // the agent hands its listener on itself, once it stops accepting
   return s;
 }
 

@@ -1,7 +1,9 @@
 #include "cachefs/fuse/mount_state.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -9,42 +11,69 @@
 
 namespace ember::cachefs {
 
-ssize_t SendWithFd(int sock, const void* data, size_t len, int fd) {
+ssize_t SendWithFds(int sock, const void* data, size_t len, const std::vector<int>& fds) {
   iovec iov{const_cast<void*>(data), len};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
   std::memset(control, 0, sizeof(control));
   msghdr m;
   std::memset(&m, 0, sizeof(m));
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  const size_t n = std::min(fds.size(), kMaxPassedFds);
+  if (n > 0) {
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * n);
+  }
   return sendmsg(sock, &m, MSG_NOSIGNAL);
 }
 
-ssize_t RecvWithFd(int sock, void* buf, size_t len, int flags, int* fd) {
+ssize_t RecvWithFds(int sock, void* buf, size_t len, int flags, std::vector<int>* fds) {
   iovec iov{buf, len};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
   msghdr m;
   std::memset(&m, 0, sizeof(m));
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
   m.msg_control = control;
   m.msg_controllen = sizeof(control);
-  *fd = -1;
+  fds->clear();
   ssize_t n = recvmsg(sock, &m, flags | MSG_CMSG_CLOEXEC);
   if (n < 0) return n;
   for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; i++) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->push_back(fd);
+      }
     }
   }
   return n;
+}
+
+std::vector<int> StateFds(const KernelFuseState& s) {
+  std::vector<int> fds{s.fd};
+  if (s.peer_listen_fd >= 0) fds.push_back(s.peer_listen_fd);
+  return fds;
+}
+
+void AttachStateFds(const std::vector<int>& fds, KernelFuseState* s) {
+  s->fd = fds.empty() ? -1 : fds[0];
+  s->peer_listen_fd = fds.size() > 1 ? fds[1] : -1;
+  for (size_t i = 2; i < fds.size(); i++) close(fds[i]);
+}
+
+void CloseStateFds(KernelFuseState* s) {
+  if (s->fd >= 0) close(s->fd);
+  if (s->peer_listen_fd >= 0) close(s->peer_listen_fd);
+  s->fd = -1;
+  s->peer_listen_fd = -1;
 }
 
 std::string EncodeMountState(const KernelFuseState& s) {

@@ -30,6 +30,9 @@ struct KernelFuseState {
   };
   std::vector<OpenFile> open_files;
   std::map<uint64_t, int32_t> backing_ids;  // ino -> backing id registered with the kernel
+  // The agent's peer port, still listening (-1: none): handed on with the mount so that peers
+  // connecting meanwhile wait in its backlog instead of being refused. Travels as the second fd.
+  int peer_listen_fd = -1;
 };
 
 // The state as JSON (without the fd, which travels beside it).
@@ -37,9 +40,19 @@ std::string EncodeMountState(const KernelFuseState& state);
 // Returns: the state (fd -1); DataLoss naming what is malformed.
 absl::StatusOr<KernelFuseState> DecodeMountState(const std::string& text);
 
-// Sends one message of `len` bytes with `fd` attached (SCM_RIGHTS). Returns: sendmsg's result.
-ssize_t SendWithFd(int sock, const void* data, size_t len, int fd);
-// Receives one message into buf; *fd is the fd attached to it, or -1. Returns: recvmsg's result.
-ssize_t RecvWithFd(int sock, void* buf, size_t len, int flags, int* fd);
+// Sends one message of `len` bytes with `fds` attached (SCM_RIGHTS, at most kMaxPassedFds).
+// Returns: sendmsg's result.
+inline constexpr size_t kMaxPassedFds = 4;
+ssize_t SendWithFds(int sock, const void* data, size_t len, const std::vector<int>& fds);
+// Receives one message into buf; *fds gets the fds attached to it (more than kMaxPassedFds are
+// closed by the kernel). Returns: recvmsg's result.
+ssize_t RecvWithFds(int sock, void* buf, size_t len, int flags, std::vector<int>* fds);
+
+// A state's fds in the order they travel: /dev/fuse, then the peer listener if any.
+std::vector<int> StateFds(const KernelFuseState& s);
+// Gives a decoded state the fds that came with it (in StateFds' order; extra ones are closed).
+void AttachStateFds(const std::vector<int>& fds, KernelFuseState* s);
+// Closes the state's fds (and marks them gone).
+void CloseStateFds(KernelFuseState* s);
 
 }  // namespace ember::cachefs

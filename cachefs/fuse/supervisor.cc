@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -34,7 +35,8 @@ constexpr char kReloadEnv[] = "EMBER_SUPERVISOR_RELOAD";
 
 absl::Status SendStateMessage(int sock, const KernelFuseState& state) {
   std::string text = EncodeMountState(state);
-  if (SendWithFd(sock, text.data(), text.size(), state.fd) != static_cast<ssize_t>(text.size())) {
+  if (SendWithFds(sock, text.data(), text.size(), StateFds(state)) !=
+      static_cast<ssize_t>(text.size())) {
     return absl::UnavailableError(absl::StrCat("sending the mount state: ", strerror(errno)));
   }
   return absl::OkStatus();
@@ -53,14 +55,15 @@ void SendOpenUpdate(int sock, bool open, const KernelFuseState::OpenFile& f, int
   (void)!send(sock, text.data(), text.size(), MSG_NOSIGNAL);
 }
 
-bool ApplySupervisorMessage(const char* msg, size_t len, int passed_fd, KernelFuseState* state) {
+bool ApplySupervisorMessage(const char* msg, size_t len, const std::vector<int>& fds,
+                            KernelFuseState* state) {
   std::string text(msg, len);
-  if (passed_fd >= 0) {
+  if (!fds.empty()) {
     auto s = DecodeMountState(text);
     if (!s.ok()) return false;
-    if (state->fd >= 0) close(state->fd);
+    CloseStateFds(state);
     *state = std::move(*s);
-    state->fd = passed_fd;
+    AttachStateFds(fds, state);
     return true;
   }
   auto j = nlohmann::json::parse(text, nullptr, false);
@@ -97,12 +100,12 @@ bool ApplySupervisorMessage(const char* msg, size_t len, int passed_fd, KernelFu
 
 int ReceiveSupervisorMessage(int sock, KernelFuseState* state) {
   thread_local std::vector<char> buf(kMaxState);  // allocated once per thread
-  int fd = -1;
-  ssize_t n = RecvWithFd(sock, buf.data(), buf.size(), MSG_DONTWAIT, &fd);
+  std::vector<int> fds;
+  ssize_t n = RecvWithFds(sock, buf.data(), buf.size(), MSG_DONTWAIT, &fds);
   if (n <= 0) return n == 0 ? -1 : (errno == EAGAIN ? 0 : -1);
-  const bool whole = fd >= 0;
-  if (!ApplySupervisorMessage(buf.data(), static_cast<size_t>(n), fd, state)) {
-    if (fd >= 0) close(fd);
+  const bool whole = !fds.empty();
+  if (!ApplySupervisorMessage(buf.data(), static_cast<size_t>(n), fds, state)) {
+    for (int fd : fds) close(fd);
     spdlog::warn("supervisor: ignored a malformed message");
     return 1;
   }
@@ -194,9 +197,9 @@ int TakeFromAgent(pid_t pid, const std::string& cache_dir, int sock, KernelFuseS
   KernelFuseState after;  // updates the agent sent before handing over are in what it handed
   while (ReceiveSupervisorMessage(sock, taken.ok() ? &after : state) > 0) {
   }
-  if (after.fd >= 0) close(after.fd);
+  CloseStateFds(&after);
   if (taken.ok()) {
-    if (state->fd >= 0) close(state->fd);
+    CloseStateFds(state);
     *state = std::move(*taken);
   }
   return status;
@@ -262,8 +265,8 @@ absl::Status ExecWithMount(const std::string& bin, const std::vector<std::string
     close(memfd);
     return absl::InternalError(absl::StrCat("writing the mount state: ", strerror(errno)));
   }
-  fcntl(state.fd, F_SETFD, 0);  // kept across exec
-  setenv(kReloadEnv, absl::StrCat(memfd, ":", state.fd).c_str(), 1);
+  for (int fd : StateFds(state)) fcntl(fd, F_SETFD, 0);  // kept across exec
+  setenv(kReloadEnv, absl::StrCat(memfd, ":", state.fd, ":", state.peer_listen_fd).c_str(), 1);
   std::vector<std::string> args = argv;
   std::vector<char*> cargv;
   for (auto& a : args) cargv.push_back(a.data());
@@ -271,7 +274,7 @@ absl::Status ExecWithMount(const std::string& bin, const std::vector<std::string
   execv(bin.c_str(), cargv.data());
   const int err = errno;
   unsetenv(kReloadEnv);
-  fcntl(state.fd, F_SETFD, FD_CLOEXEC);
+  for (int fd : StateFds(state)) fcntl(fd, F_SETFD, FD_CLOEXEC);
   close(memfd);
   return absl::InternalError(absl::StrCat("exec ", bin, ": ", strerror(err)));
 }
@@ -280,8 +283,8 @@ absl::Status ExecWithMount(const std::string& bin, const std::vector<std::string
 std::optional<KernelFuseState> MountFromReload() {
   const char* env = std::getenv(kReloadEnv);
   if (env == nullptr) return std::nullopt;
-  int memfd = -1, fd = -1;
-  const bool named = std::sscanf(env, "%d:%d", &memfd, &fd) == 2;
+  int memfd = -1, fd = -1, listener = -1;
+  const bool named = std::sscanf(env, "%d:%d:%d", &memfd, &fd, &listener) == 3;
   unsetenv(kReloadEnv);
   if (!named) return std::nullopt;
   std::string text;
@@ -291,15 +294,17 @@ std::optional<KernelFuseState> MountFromReload() {
     text.append(chunk, static_cast<size_t>(n));
   }
   close(memfd);
-  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  std::vector<int> fds{fd};
+  if (listener >= 0) fds.push_back(listener);
+  for (int f : fds) fcntl(f, F_SETFD, FD_CLOEXEC);
   auto s = DecodeMountState(text);
   if (!s.ok()) {
     spdlog::error("supervisor: the mount handed over by the previous binary is unreadable: {}",
                   std::string(s.status().message()));
-    close(fd);
+    for (int f : fds) close(f);
     return std::nullopt;
   }
-  s->fd = fd;
+  AttachStateFds(fds, &*s);
   return std::move(*s);
 }
 
@@ -331,7 +336,7 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
   }
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-    if (state.fd >= 0) close(state.fd);
+    CloseStateFds(&state);
     return absl::InternalError(absl::StrCat("supervisor: socketpair: ", strerror(errno)));
   }
   std::vector<std::string> args = agent_argv;
@@ -356,10 +361,13 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
     KernelFuseState stale;
     while (ReceiveSupervisorMessage(sv[1], &stale) > 0) {
     }
-    if (stale.fd >= 0) close(stale.fd);
+    CloseStateFds(&stale);
     if (state.fd >= 0) {
       absl::Status st = SendStateMessage(sv[0], state);
       if (!st.ok()) spdlog::error("supervisor: {}", std::string(st.message()));
+      // The peer listener is the agent's from here (it sends it back once it serves): a copy
+      // kept here would hold the port if the agent must bind anew (another --listen).
+      if (state.peer_listen_fd >= 0) close(std::exchange(state.peer_listen_fd, -1));
     }
     pid_t pid = fork();
     if (pid == 0) {
@@ -440,7 +448,7 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
     if (handed) {
       spdlog::info("supervisor: the mount {} was handed to a successor; waiting to be stopped",
                    state.mountpoint);
-      close(state.fd);
+      CloseStateFds(&state);
       close(sv[0]);
       close(sv[1]);
       int sig = 0;
@@ -456,7 +464,7 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
     if (stopping || clean || state.fd < 0) {
       // Stopped on purpose, or it never mounted (a bad flag): nothing to keep.
       listener.reset();
-      if (state.fd >= 0) close(state.fd);
+      CloseStateFds(&state);
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     if (!took) {

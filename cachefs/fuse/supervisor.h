@@ -67,7 +67,8 @@ absl::Status SendStateMessage(int sock, const KernelFuseState& state);
 void SendOpenUpdate(int sock, bool open, const KernelFuseState::OpenFile& f, int32_t backing_id);
 
 // Applies one message from the agent to `state`. Returns: false if it was malformed.
-bool ApplySupervisorMessage(const char* msg, size_t len, int passed_fd, KernelFuseState* state);
+bool ApplySupervisorMessage(const char* msg, size_t len, const std::vector<int>& fds,
+                            KernelFuseState* state);
 // Reads one queued message (without waiting) into `state`. Returns: 1 if one was read (2 if it
 // was the whole state: the agent serves), 0 if none was queued, -1 if the other end is gone.
 int ReceiveSupervisorMessage(int sock, KernelFuseState* state);

@@ -63,9 +63,9 @@ TEST_F(SupervisorStateTest, AReleaseWithoutABackingForgetsIt) {
 
 TEST_F(SupervisorStateTest, MalformedMessagesAreRefused) {
   const std::string bad = R"({"op":"release","ino":3})";  // no fh
-  EXPECT_FALSE(ApplySupervisorMessage(bad.data(), bad.size(), -1, &state_));
+  EXPECT_FALSE(ApplySupervisorMessage(bad.data(), bad.size(), {}, &state_));
   const std::string junk = "not json";
-  EXPECT_FALSE(ApplySupervisorMessage(junk.data(), junk.size(), -1, &state_));
+  EXPECT_FALSE(ApplySupervisorMessage(junk.data(), junk.size(), {}, &state_));
 }
 
 TEST(HandoverProtocolTest, NeighbouringReleasesHandOverBothWaysAndOthersRefuse) {

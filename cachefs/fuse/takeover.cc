@@ -14,6 +14,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -117,20 +118,23 @@ absl::StatusOr<KernelFuseState> RequestOnce(const std::string& path, const std::
   }
   // First message: the length, with the fd attached (none: a refusal follows).
   uint32_t len = 0;
-  int passed_fd = -1;
+  std::vector<int> passed;
+  auto drop = [&] {
+    for (int f : passed) close(f);
+  };
   {
     if (!WaitReadable(fd, deadline)) {
       return fail(absl::DeadlineExceededError("the running agent did not hand over in time"));
     }
-    ssize_t n = RecvWithFd(fd, &len, sizeof(len), MSG_WAITALL, &passed_fd);
+    ssize_t n = RecvWithFds(fd, &len, sizeof(len), MSG_WAITALL, &passed);
     if (n == 0) return fail(absl::AbortedError("the running agent closed the connection"));
     if (n != sizeof(len)) {
-      if (passed_fd >= 0) close(passed_fd);
+      drop();
       return fail(absl::UnavailableError("the running agent closed the takeover connection"));
     }
   }
   if (len == 0 || len > kMaxState) {
-    if (passed_fd >= 0) close(passed_fd);
+    drop();
     return fail(absl::DataLossError("malformed takeover message (a bad length)"));
   }
   std::string text(len, '\0');
@@ -143,10 +147,10 @@ absl::StatusOr<KernelFuseState> RequestOnce(const std::string& path, const std::
   }
   close(fd);
   if (got < len) {
-    if (passed_fd >= 0) close(passed_fd);
+    drop();
     return absl::DataLossError("takeover state was cut short");
   }
-  if (passed_fd < 0) {
+  if (passed.empty()) {
     auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_object() && j.contains("refused") && j["refused"].is_string()) {
       return absl::FailedPreconditionError(j["refused"].get<std::string>());
@@ -155,10 +159,10 @@ absl::StatusOr<KernelFuseState> RequestOnce(const std::string& path, const std::
   }
   auto s = DecodeMountState(text);
   if (!s.ok()) {
-    close(passed_fd);
+    drop();
     return s.status();
   }
-  s->fd = passed_fd;
+  AttachStateFds(passed, &*s);
   return s;
 }
 
@@ -187,7 +191,7 @@ absl::Status SendTakeoverState(int conn, const KernelFuseState& state) {
   std::string text = EncodeMountState(state);
   uint32_t len = static_cast<uint32_t>(text.size());
   absl::Status st = absl::OkStatus();
-  if (SendWithFd(conn, &len, sizeof(len), state.fd) != sizeof(len)) {
+  if (SendWithFds(conn, &len, sizeof(len), StateFds(state)) != sizeof(len)) {
     st = absl::UnavailableError(absl::StrCat("sending the mount: ", strerror(errno)));
   } else {
     size_t sent = 0;

@@ -152,6 +152,10 @@ std::unique_ptr<Process> NodeProcess::StartTwin(const std::vector<std::string>& 
   return std::make_unique<Process>(Argv(), absl::StrCat(dir_, "/node-", starts_++), all);
 }
 
+std::string NodeProcess::listen_address() const {
+  return absl::StrCat(options_.listen_host, ":", port_);
+}
+
 void NodeProcess::Replace(std::unique_ptr<Process> process) { process_ = std::move(process); }
 
 bool NodeProcess::StartOnce() {

@@ -55,6 +55,8 @@ class NodeProcess {
   const std::string& mount() const { return mount_; }
   const std::string& cache_dir() const { return cache_dir_; }
   const std::string& id() const { return options_.id; }
+  // HOST:PORT peers reach it on.
+  std::string listen_address() const;
   Process& process() { return *process_; }
   // Starts the agent; waits until its mount is live. Returns false (with the log) if it exits.
   bool Start();
