@@ -3,6 +3,7 @@
 // never evicted while open) and takeover of a live mount by a successor process.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,9 +15,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
 
@@ -564,6 +567,131 @@ TEST_F(SupervisedTest, AReloadUpgradesTheSupervisorInPlace) {
   readers.Finish("2 in-place upgrades under 4 readers");
   close(kept);
   EXPECT_TRUE(node->Stop()) << node->Log();
+}
+
+// What systemd does for `systemctl restart` of a Type=notify unit with a file descriptor store
+// (sd_notify(3), sd_listen_fds(3)): a datagram socket that takes READY=1 and FDSTORE=1 messages
+// with their fds, and passes the stored fds to the next start at fd 3 on (LISTEN_FDS).
+class FdStore {
+ public:
+  explicit FdStore(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.data(), path.size());
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+  }
+  ~FdStore() {
+    for (auto& [name, fd] : stored_) close(fd);
+    close(fd_);
+  }
+  const std::string& path() const { return path_; }
+  // Handles messages until `text` arrives or `timeout` passes. Returns: whether it arrived.
+  bool WaitFor(const std::string& text, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      std::vector<int> fds;
+      ssize_t n = Receive(buf, sizeof(buf), &fds);
+      if (n <= 0) continue;
+      std::string msg(buf, static_cast<size_t>(n));
+      messages_.push_back(msg);
+      const size_t at = msg.find("FDNAME=");
+      const std::string name = at == std::string::npos ? "" : msg.substr(at + 7);
+      if (msg.starts_with("FDSTORE=1") && fds.size() == 1) {
+        if (stored_.contains(name)) close(stored_[name]);
+        stored_[name] = fds[0];
+      } else if (msg.starts_with("FDSTOREREMOVE=1") && stored_.contains(name)) {
+        close(stored_[name]);
+        stored_.erase(name);
+      }
+      if (msg.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+  size_t stored() const { return stored_.size(); }
+  // The next start's environment and wrapper: the stored fds at 3, 4, ... (bash's
+  // redirections) with LISTEN_PID naming the process that runs the command line.
+  std::vector<std::string> ListenEnv() const {
+    std::string names;
+    for (const auto& [name, fd] : stored_) names += (names.empty() ? "" : ":") + name;
+    return {absl::StrCat("LISTEN_FDS=", stored_.size()), "LISTEN_FDNAMES=" + names,
+            "NOTIFY_SOCKET=" + path_};
+  }
+  std::vector<std::string> ListenWrapper() const {
+    std::string redirects;
+    int at = 3;
+    for (const auto& [name, fd] : stored_) {
+      fcntl(fd, F_SETFD, 0);  // inherited by the shell, which moves it
+      redirects += absl::StrCat(" ", at++, "<&", fd);
+    }
+    return {"/bin/bash", "-c", "export LISTEN_PID=$$; exec \"$@\"" + redirects, "bash"};
+  }
+  std::string Messages() const { return absl::StrJoin(messages_, " | "); }
+
+ private:
+  // One datagram and the fds that came with it (SCM_RIGHTS).
+  ssize_t Receive(char* buf, size_t len, std::vector<int>* fds) {
+    iovec iov{buf, len};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(fd_, &m, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); n > 0 && c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->push_back(fd);
+      }
+    }
+    return n;
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, int> stored_;  // by name, as LISTEN_FDNAMES lists them
+  std::vector<std::string> messages_;
+};
+
+TEST_F(SupervisedTest, ARestartUnderSystemdKeepsTheMountInItsFdStore) {
+  FdStore manager(dir_.Sub("notify.sock"));
+  auto node = StartSupervised({"NOTIFY_SOCKET=" + manager.path(), "EMBER_TEST_RESTART_QUEUED=1"});
+  ASSERT_TRUE(manager.WaitFor("READY=1", std::chrono::seconds(10))) << manager.Messages();
+  const std::string mnt = node->mount() + "/ds";
+  int kept = KeepResidentOpen(mnt);
+  ASSERT_GE(kept, 0);
+  VerifyingReaders readers(mnt, want_, 4, node->listen_address());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // `systemctl restart`: SIGTERM while a restart job is queued; the supervisor stores the mount
+  // and exits; the next start gets it back.
+  node->process().Signal(SIGTERM);
+  EXPECT_TRUE(manager.WaitFor("FDNAME=ember-state", std::chrono::seconds(30)))
+      << manager.Messages() << node->Log();
+  EXPECT_EQ(node->process().Wait(std::chrono::seconds(20)), 0) << node->Log();
+  EXPECT_EQ(manager.stored(), 3u) << manager.Messages();  // the fuse fd, peers, the state
+  EXPECT_TRUE(testing::IsMounted(node->mount()));
+  std::vector<std::string> env = manager.ListenEnv();
+  env.push_back("EMBER_TEST_RESTART_QUEUED=0");  // its stop below is a plain one
+  auto next = node->StartTwin(env, manager.ListenWrapper());
+  EXPECT_TRUE(manager.WaitFor("READY=1", std::chrono::seconds(30))) << Output(*next);
+  EXPECT_NE(Output(*next).find("the service manager kept across a restart"), std::string::npos)
+      << Output(*next);
+  EXPECT_EQ(manager.stored(), 0u) << manager.Messages();  // taken back out of the store
+  node->Replace(std::move(next));
+  EXPECT_EQ(PreadAll(kept, want_[0].size()), want_[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  readers.Finish("a systemd restart under 4 readers");
+  close(kept);
+  // A plain stop (no restart queued) unmounts and stores nothing.
+  EXPECT_TRUE(node->Stop()) << node->Log();
+  manager.WaitFor("FDSTORE=1", std::chrono::milliseconds(300));
+  EXPECT_EQ(manager.stored(), 0u) << manager.Messages();
 }
 
 TEST_F(SupervisedTest, TheOldAgentKilledInTheMiddleOfTheHandoverLosesNothing) {

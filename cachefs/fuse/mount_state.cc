@@ -1,9 +1,12 @@
 #include "cachefs/fuse/mount_state.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -74,6 +77,37 @@ void CloseStateFds(KernelFuseState* s) {
   if (s->peer_listen_fd >= 0) close(s->peer_listen_fd);
   s->fd = -1;
   s->peer_listen_fd = -1;
+}
+
+absl::StatusOr<int> StateMemfd(const KernelFuseState& state) {
+  int memfd = memfd_create("ember-mount-state", MFD_CLOEXEC);
+  if (memfd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
+  const std::string text = EncodeMountState(state);
+  if (write(memfd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    close(memfd);
+    return absl::InternalError(absl::StrCat("writing the mount state: ", strerror(errno)));
+  }
+  return memfd;
+}
+
+absl::StatusOr<KernelFuseState> StateFromMemfd(int memfd, int fuse_fd, int peer_listen_fd) {
+  std::vector<int> fds{fuse_fd};
+  if (peer_listen_fd >= 0) fds.push_back(peer_listen_fd);
+  std::string text;
+  char chunk[4096];
+  lseek(memfd, 0, SEEK_SET);
+  for (ssize_t n; (n = read(memfd, chunk, sizeof(chunk))) > 0;) {
+    text.append(chunk, static_cast<size_t>(n));
+  }
+  close(memfd);
+  for (int f : fds) fcntl(f, F_SETFD, FD_CLOEXEC);
+  auto s = DecodeMountState(text);
+  if (!s.ok()) {
+    for (int f : fds) close(f);
+    return s.status();
+  }
+  AttachStateFds(fds, &*s);
+  return s;
 }
 
 std::string EncodeMountState(const KernelFuseState& s) {

@@ -55,4 +55,11 @@ void AttachStateFds(const std::vector<int>& fds, KernelFuseState* s);
 // Closes the state's fds (and marks them gone).
 void CloseStateFds(KernelFuseState* s);
 
+// The state (without its fds) in a new memfd, for a hand-over that cannot carry a message (an
+// exec, a service manager's fd store). Returns: the memfd (close-on-exec); Internal.
+absl::StatusOr<int> StateMemfd(const KernelFuseState& state);
+// The state in `memfd` (closed) with its fds attached: /dev/fuse and the peer listener (-1:
+// none), close-on-exec from now on. Returns: the state; DataLoss (the fds are closed).
+absl::StatusOr<KernelFuseState> StateFromMemfd(int memfd, int fuse_fd, int peer_listen_fd);
+
 }  // namespace ember::cachefs

@@ -25,6 +25,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cachefs/fuse/mount_session.h"
+#include "cachefs/fuse/service_manager.h"
 #include "cachefs/fuse/takeover.h"
 
 namespace ember::cachefs {
@@ -258,15 +260,11 @@ absl::StatusOr<std::string> ReloadTarget() {
 // /dev/fuse fd, both named in $EMBER_SUPERVISOR_RELOAD). Returns: only on failure, why.
 absl::Status ExecWithMount(const std::string& bin, const std::vector<std::string>& argv,
                            const KernelFuseState& state) {
-  int memfd = memfd_create("ember-mount-state", 0);
-  if (memfd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
-  const std::string text = EncodeMountState(state);
-  if (write(memfd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    close(memfd);
-    return absl::InternalError(absl::StrCat("writing the mount state: ", strerror(errno)));
-  }
-  for (int fd : StateFds(state)) fcntl(fd, F_SETFD, 0);  // kept across exec
-  setenv(kReloadEnv, absl::StrCat(memfd, ":", state.fd, ":", state.peer_listen_fd).c_str(), 1);
+  auto memfd = StateMemfd(state);
+  if (!memfd.ok()) return memfd.status();
+  fcntl(*memfd, F_SETFD, 0);  // kept across exec, as are:
+  for (int fd : StateFds(state)) fcntl(fd, F_SETFD, 0);
+  setenv(kReloadEnv, absl::StrCat(*memfd, ":", state.fd, ":", state.peer_listen_fd).c_str(), 1);
   std::vector<std::string> args = argv;
   std::vector<char*> cargv;
   for (auto& a : args) cargv.push_back(a.data());
@@ -275,7 +273,7 @@ absl::Status ExecWithMount(const std::string& bin, const std::vector<std::string
   const int err = errno;
   unsetenv(kReloadEnv);
   for (int fd : StateFds(state)) fcntl(fd, F_SETFD, FD_CLOEXEC);
-  close(memfd);
+  close(*memfd);
   return absl::InternalError(absl::StrCat("exec ", bin, ": ", strerror(err)));
 }
 
@@ -287,24 +285,12 @@ std::optional<KernelFuseState> MountFromReload() {
   const bool named = std::sscanf(env, "%d:%d:%d", &memfd, &fd, &listener) == 3;
   unsetenv(kReloadEnv);
   if (!named) return std::nullopt;
-  std::string text;
-  char chunk[4096];
-  lseek(memfd, 0, SEEK_SET);
-  for (ssize_t n; (n = read(memfd, chunk, sizeof(chunk))) > 0;) {
-    text.append(chunk, static_cast<size_t>(n));
-  }
-  close(memfd);
-  std::vector<int> fds{fd};
-  if (listener >= 0) fds.push_back(listener);
-  for (int f : fds) fcntl(f, F_SETFD, FD_CLOEXEC);
-  auto s = DecodeMountState(text);
+  auto s = StateFromMemfd(memfd, fd, listener);
   if (!s.ok()) {
     spdlog::error("supervisor: the mount handed over by the previous binary is unreadable: {}",
                   std::string(s.status().message()));
-    for (int f : fds) close(f);
     return std::nullopt;
   }
-  AttachStateFds(fds, &*s);
   return std::move(*s);
 }
 
@@ -318,6 +304,10 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
   if (auto reloaded = MountFromReload()) {
     state = std::move(*reloaded);
     spdlog::info("supervisor: upgraded in place; continuing the mount {}", state.mountpoint);
+  } else if (auto stored = MountFromServiceManager()) {
+    state = std::move(*stored);
+    spdlog::info("supervisor: continuing the mount {} the service manager kept across a restart",
+                 state.mountpoint);
   } else {
     auto inherited =
         RequestTakeover(SupervisorSocketPath(options.cache_dir), std::chrono::seconds(150));
@@ -392,6 +382,7 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
           if (r != 2) continue;
           // The agent serves: a successor may ask for the mount from now on.
           WriteReadyFile(options.ready_file, pid);
+          (void)NotifyServiceManager("READY=1");  // best effort: systemd times the start out
           if (listener == nullptr) {
             auto l = TakeoverListener::Start(SupervisorSocketPath(options.cache_dir),
                                              [&successor](int conn) { successor.Put(conn); });
@@ -406,6 +397,23 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
       }
       timespec zero{0, 0};
       int sig = sigtimedwait(&term, nullptr, &zero);
+      if (sig == SIGTERM && state.fd >= 0 && UnderServiceManager() && RestartQueued()) {
+        // Restarted by the service manager: the mount waits in its fd store for the next start.
+        listener.reset();
+        RemoveReadyFile(options.ready_file);
+        TakeFromAgent(pid, options.cache_dir, sv[0], &state);
+        absl::Status st = StoreMount(state);
+        if (st.ok()) {
+          spdlog::info("supervisor: restarting; the service manager keeps the mount {}",
+                       state.mountpoint);
+          CloseStateFds(&state);
+          return 0;
+        }
+        spdlog::error("supervisor: {}; unmounting", std::string(st.message()));
+        LazyUnmount(state.mountpoint);
+        CloseStateFds(&state);
+        return 0;
+      }
       if (sig > 0) {
         stopping = true;
         kill(pid, sig);

@@ -146,10 +146,13 @@ bool NodeProcess::Takeover() {
   return code == 0 && IsMounted(mount_);
 }
 
-std::unique_ptr<Process> NodeProcess::StartTwin(const std::vector<std::string>& env) const {
+std::unique_ptr<Process> NodeProcess::StartTwin(const std::vector<std::string>& env,
+                                                const std::vector<std::string>& wrapper) const {
   std::vector<std::string> all = options_.env;
   all.insert(all.end(), env.begin(), env.end());
-  return std::make_unique<Process>(Argv(), absl::StrCat(dir_, "/node-", starts_++), all);
+  std::vector<std::string> argv = wrapper;
+  for (const std::string& a : Argv()) argv.push_back(a);
+  return std::make_unique<Process>(argv, absl::StrCat(dir_, "/node-", starts_++), all);
 }
 
 std::string NodeProcess::listen_address() const {

@@ -66,8 +66,10 @@ class NodeProcess {
   // the predecessor has exited cleanly (the mount never went away).
   bool Takeover();
   // Starts another process with this one's command line (as a DaemonSet's rolling update starts
-  // a pod's successor beside it), `env` added; Replace makes it this node's process.
-  std::unique_ptr<Process> StartTwin(const std::vector<std::string>& env = {}) const;
+  // a pod's successor beside it), `env` added, run by `wrapper` (argv before it) if given;
+  // Replace makes it this node's process.
+  std::unique_ptr<Process> StartTwin(const std::vector<std::string>& env = {},
+                                     const std::vector<std::string>& wrapper = {}) const;
   void Replace(std::unique_ptr<Process> process);
   void Kill(int sig);
   // Stats as last heartbeated to meta (fresh within a heartbeat interval).
