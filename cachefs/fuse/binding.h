@@ -5,9 +5,10 @@
 // libfuse_binding.h: libfuse's low-level loop), mounting and unmounting (mount_session.h), the
 // kernel session (INIT, worker threads) and its requests (kernel_ops.h, one function per
 // opcode), the one table of open files with passthrough backing (open_files.h), requests over
-// io_uring (fuse_uring.h), handing a mount to a successor (takeover.h) and keeping it across
-// crashes (supervisor.h), and the conversion of a Status to an errno (errno.h). Must not touch:
-// the cache, the fill pipeline, meta or the namespace; it sees files only through FileSystem.
+// io_uring (fuse_uring.h), handing a mount to a successor (takeover.h), keeping it across
+// crashes and upgrades (supervisor.h; across `systemctl restart`: service_manager.h), and the
+// conversion of a Status to an errno (errno.h). Must not touch: the cache, the fill pipeline,
+// meta or the namespace; it sees files only through FileSystem.
 #pragma once
 
 #include <cstdint>
