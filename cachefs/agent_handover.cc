@@ -39,8 +39,9 @@ absl::StatusOr<std::optional<KernelFuseState>> InheritMount(int supervisor_fd, b
 
 std::unique_ptr<Handover> Handover::Listen(const std::string& cache_dir, KernelFuse* kernel) {
   std::unique_ptr<Handover> h(new Handover(kernel));
-  auto listener = TakeoverListener::Start(TakeoverSocketPath(cache_dir),
-                                          [p = h.get()](int conn) { p->OnRequest(conn); });
+  auto listener = TakeoverListener::Start(
+      TakeoverSocketPath(cache_dir),
+      [p = h.get()](int conn, HandoverProtocol theirs) { p->OnRequest(conn, theirs); });
   if (!listener.ok()) {
     spdlog::warn("node: {}; restarts will remount", std::string(listener.status().message()));
     return nullptr;
@@ -49,10 +50,11 @@ std::unique_ptr<Handover> Handover::Listen(const std::string& cache_dir, KernelF
   return h;
 }
 
-void Handover::OnRequest(int conn) {
+void Handover::OnRequest(int conn, HandoverProtocol theirs) {
   {
     absl::MutexLock lock(&mu_);
     requested_ = true;  // before Run() returns: the agent then stops for the successor
+    successor_ = theirs;
   }
   KernelFuseState state = kernel_->Quiesce();  // Run() returns in the main thread
   absl::MutexLock lock(&mu_);
@@ -72,6 +74,11 @@ void Handover::Send(int peer_listener) {
   if (conn_ < 0) {
     if (peer_listener >= 0) close(peer_listener);
     return;
+  }
+  if (successor_.current < 2 && peer_listener >= 0) {
+    // Protocol 1 knew one fd: it would keep the socket unknowingly and fail to bind the port.
+    close(peer_listener);
+    peer_listener = -1;
   }
   state_.peer_listen_fd = peer_listener;
   absl::Status st = SendTakeoverState(std::exchange(conn_, -1), state_);

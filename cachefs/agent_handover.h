@@ -47,13 +47,14 @@ class Handover {
  private:
   explicit Handover(KernelFuse* kernel) : kernel_(kernel) {}
   // On the listener's thread: stop serving FUSE; the rest shuts down in ~NodeAgent.
-  void OnRequest(int conn) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnRequest(int conn, HandoverProtocol theirs) ABSL_LOCKS_EXCLUDED(mu_);
 
   KernelFuse* const kernel_;
   std::unique_ptr<TakeoverListener> listener_;
   absl::Mutex mu_;
-  bool requested_ ABSL_GUARDED_BY(mu_) = false;  // a successor asked (it stays asked)
-  int conn_ ABSL_GUARDED_BY(mu_) = -1;           // the successor waiting for the mount
+  bool requested_ ABSL_GUARDED_BY(mu_) = false;      // a successor asked (it stays asked)
+  int conn_ ABSL_GUARDED_BY(mu_) = -1;               // the successor waiting for the mount
+  HandoverProtocol successor_ ABSL_GUARDED_BY(mu_);  // what the successor speaks
   KernelFuseState state_ ABSL_GUARDED_BY(mu_);
 };
 

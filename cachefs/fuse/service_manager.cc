@@ -99,6 +99,13 @@ absl::Status StoreMount(const KernelFuseState& state) {
   return st;
 }
 
+void ForgetStoredMount() {
+  for (const char* name : {kFuseName, kPeersName, kStateName}) {
+    absl::Status st = NotifyServiceManager(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
+    if (!st.ok()) spdlog::warn("supervisor: {}", std::string(st.message()));
+  }
+}
+
 std::optional<KernelFuseState> MountFromServiceManager() {
   const char* pid = std::getenv("LISTEN_PID");
   const char* count = std::getenv("LISTEN_FDS");
@@ -111,18 +118,20 @@ std::optional<KernelFuseState> MountFromServiceManager() {
   unsetenv("LISTEN_FDS");
   unsetenv("LISTEN_FDNAMES");
   int fuse = -1, peers = -1, memfd = -1;
-  for (int i = 0; i < n && i < static_cast<int>(name_list.size()); i++) {
+  for (int i = 0; i < n; i++) {
     const int fd = kListenFdsStart + i;
-    if (name_list[i] == kFuseName) fuse = fd;
-    if (name_list[i] == kPeersName) peers = fd;
-    if (name_list[i] == kStateName) memfd = fd;
+    const std::string name = i < static_cast<int>(name_list.size()) ? name_list[i] : "";
+    if (name == kFuseName) {
+      fuse = fd;
+    } else if (name == kPeersName) {
+      peers = fd;
+    } else if (name == kStateName) {
+      memfd = fd;
+    } else {
+      close(fd);  // not ours: not for the agent either
+    }
   }
   if (fuse < 0 && peers < 0 && memfd < 0) return std::nullopt;
-  // Taken: the manager drops its copies (the mount then lives as long as this process keeps it).
-  for (const char* name : {kFuseName, kPeersName, kStateName}) {
-    absl::Status st = NotifyServiceManager(absl::StrCat("FDSTOREREMOVE=1\nFDNAME=", name));
-    if (!st.ok()) spdlog::warn("supervisor: {}", std::string(st.message()));
-  }
   if (fuse < 0 || memfd < 0) {
     spdlog::error("supervisor: the service manager passed part of a mount; mounting afresh");
     for (int fd : {fuse, peers, memfd}) {

@@ -35,7 +35,10 @@ bool RestartQueued();
 absl::Status StoreMount(const KernelFuseState& state);
 
 // The mount a previous start stored (passed back in LISTEN_FDS), if any; other passed fds are
-// closed. Returns: nullopt if none was passed (or it is unreadable: logged).
+// closed. It stays in the store (a start that fails gets it again) until ForgetStoredMount.
+// Returns: nullopt if none was passed (or it is unreadable: logged).
 std::optional<KernelFuseState> MountFromServiceManager();
+// Takes the stored mount out of the store (once an agent serves it again).
+void ForgetStoredMount();
 
 }  // namespace ember::cachefs

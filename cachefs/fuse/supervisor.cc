@@ -299,6 +299,7 @@ std::optional<KernelFuseState> MountFromReload() {
 absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
                               const SuperviseOptions& options) {
   KernelFuseState state;
+  bool from_store = false;  // systemd's fd store holds the mount until the agent serves it
   // A supervisor already serving this cache dir (the old pod of a rolling update) hands its
   // mount over; without one, the first agent asks a running agent itself (--takeover).
   if (auto reloaded = MountFromReload()) {
@@ -306,6 +307,7 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
     spdlog::info("supervisor: upgraded in place; continuing the mount {}", state.mountpoint);
   } else if (auto stored = MountFromServiceManager()) {
     state = std::move(*stored);
+    from_store = true;
     spdlog::info("supervisor: continuing the mount {} the service manager kept across a restart",
                  state.mountpoint);
   } else {
@@ -320,8 +322,12 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
           absl::StrCat("supervisor: the running supervisor refused to hand its mount over: ",
                        inherited.status().message()));
     } else if (!absl::IsNotFound(inherited.status())) {
-      spdlog::warn("supervisor: the running supervisor did not hand over ({}); asking its agent",
-                   std::string(inherited.status().message()));
+      // Asking its agent instead would take the mount behind its supervisor's back (which
+      // would then exit and, restarted, take it back).
+      CloseStateFds(&state);
+      return absl::UnavailableError(
+          absl::StrCat("supervisor: the running supervisor did not hand its mount over: ",
+                       inherited.status().message(), "; it keeps serving (start again to retry)"));
     }
   }
   int sv[2];
@@ -383,9 +389,11 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
           // The agent serves: a successor may ask for the mount from now on.
           WriteReadyFile(options.ready_file, pid);
           (void)NotifyServiceManager("READY=1");  // best effort: systemd times the start out
+          if (std::exchange(from_store, false)) ForgetStoredMount();
           if (listener == nullptr) {
-            auto l = TakeoverListener::Start(SupervisorSocketPath(options.cache_dir),
-                                             [&successor](int conn) { successor.Put(conn); });
+            auto l = TakeoverListener::Start(
+                SupervisorSocketPath(options.cache_dir),
+                [&successor](int conn, HandoverProtocol) { successor.Put(conn); });
             if (l.ok()) {
               listener = std::move(*l);
             } else {
@@ -418,7 +426,9 @@ absl::StatusOr<int> Supervise(const std::vector<std::string>& agent_argv,
         stopping = true;
         kill(pid, sig);
       }
-      if (int conn = successor.Take(); conn >= 0 && !stopping) {
+      if (int conn = successor.Take(); conn >= 0 && stopping) {
+        close(conn);  // stopping: the successor hears so at once
+      } else if (conn >= 0) {
         listener.reset();  // it ended with this request; a failed handover listens anew
         RemoveReadyFile(options.ready_file);
         spdlog::info("supervisor: a successor asked for the mount; taking it from the agent");

@@ -15,8 +15,8 @@
 // answer, its own copy, as after a crash), waits until the agent has exited, sends the mount and
 // then only waits to be stopped (SIGTERM: it exits without unmounting). The successor's first
 // agent adopts the mount. If no supervisor listens, that agent asks a running agent directly
-// (--takeover), else mounts afresh; a refusal (releases too far apart) ends the successor with
-// the reason, and the running one keeps serving.
+// (--takeover), else mounts afresh; a refusal (releases too far apart) or any other failure of
+// the hand-over ends the successor with the reason, and the running one keeps serving.
 //
 // In place (SIGHUP; `systemctl reload` after installing a new binary): the supervisor asks the
 // binary now at its path which protocols it speaks (`ember handover-protocol`), takes the mount

@@ -104,7 +104,7 @@ TEST(HandoverProtocolTest, AListenerRefusesASuccessorTooFarApartAndKeepsListenin
   testing::TempDir dir;
   const std::string path = dir.Sub("agent.sock");
   std::atomic<int> asked{0};
-  auto listener = TakeoverListener::Start(path, [&](int conn) {
+  auto listener = TakeoverListener::Start(path, [&](int conn, HandoverProtocol) {
     asked++;
     close(conn);
   });

@@ -127,7 +127,10 @@ absl::StatusOr<KernelFuseState> RequestOnce(const std::string& path, const std::
       return fail(absl::DeadlineExceededError("the running agent did not hand over in time"));
     }
     ssize_t n = RecvWithFds(fd, &len, sizeof(len), MSG_WAITALL, &passed);
-    if (n == 0) return fail(absl::AbortedError("the running agent closed the connection"));
+    // A protocol-1 agent closes with the rest of the request line unread: a reset, not an EOF.
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+      return fail(absl::AbortedError("the running agent closed the connection"));
+    }
     if (n != sizeof(len)) {
       drop();
       return fail(absl::UnavailableError("the running agent closed the takeover connection"));
@@ -209,7 +212,7 @@ absl::Status SendTakeoverState(int conn, const KernelFuseState& state) {
 }
 
 absl::StatusOr<std::unique_ptr<TakeoverListener>> TakeoverListener::Start(
-    const std::string& path, std::function<void(int conn)> on_request) {
+    const std::string& path, std::function<void(int conn, HandoverProtocol theirs)> on_request) {
   auto addr = Address(path);
   if (!addr.ok()) return addr.status();
   std::unique_ptr<TakeoverListener> l(new TakeoverListener());
@@ -235,17 +238,19 @@ absl::StatusOr<std::unique_ptr<TakeoverListener>> TakeoverListener::Start(
       int conn = accept4(p->fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) continue;
       // The request line, within a second (anything else is not a successor).
+      const HandoverProtocol own = OwnHandoverProtocol();
+      // Protocol 1 read exactly its request's length (and closed with the rest unread).
+      const size_t most = own.current == 1 ? sizeof(kLegacyRequest) - 1 : kMaxRequestLine;
       std::string line;
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      while (line.size() < kMaxRequestLine && (line.empty() || line.back() != '\n') &&
+      while (line.size() < most && (line.empty() || line.back() != '\n') &&
              WaitReadable(conn, deadline)) {
         char c;
         if (read(conn, &c, 1) != 1) break;
         line.push_back(c);
       }
-      const HandoverProtocol own = OwnHandoverProtocol();
       auto theirs = ParseRequestLine(line);
-      if (own.current == 1 && line != kLegacyRequest) theirs.reset();  // as protocol 1 did
+      if (own.current == 1 && line != kLegacyRequest) theirs.reset();
       if (!theirs) {
         spdlog::warn("takeover: ignored a malformed request on {}", p->path_);
         close(conn);
@@ -267,7 +272,7 @@ absl::StatusOr<std::unique_ptr<TakeoverListener>> TakeoverListener::Start(
         continue;
       }
       spdlog::info("takeover: a successor asked for the mount; handing it over");
-      on_request(conn);
+      on_request(conn, *theirs);
       return;  // one handover per agent
     }
   });

@@ -57,14 +57,15 @@ absl::StatusOr<KernelFuseState> RequestTakeover(const std::string& path,
 // Returns: Ok; Unavailable naming what failed.
 absl::Status SendTakeoverState(int conn, const KernelFuseState& state);
 
-// Listens at `path` (a stale socket file is replaced); calls on_request(conn) once for the first
+// Listens at `path` (a stale socket file is replaced); calls on_request(conn, the successor's
+// protocols) once for the first
 // well-formed request of a compatible successor, on its own thread. The callee owns conn.
 // Others are logged and answered (a refusal names both ends' protocols); listening goes on.
 class TakeoverListener {
  public:
   // Returns: the listener; InvalidArgument (path too long); FailedPrecondition (cannot listen).
   static absl::StatusOr<std::unique_ptr<TakeoverListener>> Start(
-      const std::string& path, std::function<void(int conn)> on_request);
+      const std::string& path, std::function<void(int conn, HandoverProtocol theirs)> on_request);
   ~TakeoverListener();
 
  private:
