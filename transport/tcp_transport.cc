@@ -42,14 +42,15 @@ constexpr size_t kFlushAt = 1 << 20;
 // under it (a connection thread takes it only to count, and once to leave).
 class TcpServer final : public BlockServer {
  public:
-  TcpServer(int listen_fd, int port, BlockSource* source, const TransportOptions& options,
-            std::unique_ptr<QpResponder> responder)
+  // wake_fd: an eventfd (owned) that ends the accept loop.
+  TcpServer(int listen_fd, int wake_fd, int port, BlockSource* source,
+            const TransportOptions& options, std::unique_ptr<QpResponder> responder)
       : listen_fd_(listen_fd),
+        wake_fd_(wake_fd),
         port_(port),
         source_(source),
         options_(options),
         responder_(std::move(responder)) {
-    wake_fd_ = eventfd(0, EFD_CLOEXEC);
     // Polled: a connection gone before accept() must not block the acceptor (the flag is the
     // socket's, kept by a server it is handed to; accepted sockets do not inherit it).
     fcntl(listen_fd, F_SETFL, fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
@@ -545,8 +546,13 @@ absl::StatusOr<std::unique_ptr<BlockServer>> StartTcpBlockServer(
   auto fd = options.listen_fd >= 0 ? AdoptListener(options.listen_fd, listen, &port)
                                    : ListenTcp(listen, &port);
   if (!fd.ok()) return fd.status();
+  int wake = eventfd(0, EFD_CLOEXEC);
+  if (wake < 0) {
+    close(*fd);
+    return absl::UnavailableError(absl::StrCat("eventfd: ", strerror(errno)));
+  }
   return std::unique_ptr<BlockServer>(
-      new TcpServer(*fd, port, source, options, std::move(responder)));
+      new TcpServer(*fd, wake, port, source, options, std::move(responder)));
 }
 
 std::unique_ptr<BlockTransport> NewTcpTransport(const TransportOptions& options) {

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -189,7 +190,16 @@ class SuccessorSlot {
 // (requests it had taken are resent to the next agent). Returns: the agent's wait status, once it
 // has exited (never two agents on one mount).
 int TakeFromAgent(pid_t pid, const std::string& cache_dir, int sock, KernelFuseState* state) {
-  auto taken = RequestTakeover(TakeoverSocketPath(cache_dir), std::chrono::seconds(60));
+  // Meanwhile the agent's updates are applied to the copy: an agent blocked on a full socket
+  // while it finishes its requests could not hand over.
+  auto request = std::async(std::launch::async, [&cache_dir] {
+    return RequestTakeover(TakeoverSocketPath(cache_dir), std::chrono::seconds(60));
+  });
+  while (request.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    while (ReceiveSupervisorMessage(sock, state) > 0) {
+    }
+  }
+  auto taken = request.get();
   if (!taken.ok()) {
     spdlog::warn("supervisor: the agent did not hand over ({}); handing over this copy",
                  std::string(taken.status().message()));

@@ -227,6 +227,9 @@ absl::StatusOr<std::unique_ptr<TakeoverListener>> TakeoverListener::Start(
   }
   chmod(path.c_str(), 0600);  // the agent's own user only
   l->stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (l->stop_fd_ < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("eventfd: ", strerror(errno)));
+  }
   l->thread_ = std::thread([p = l.get(), on_request = std::move(on_request)] {
     pollfd pfds[2] = {{p->fd_, POLLIN, 0}, {p->stop_fd_, POLLIN, 0}};
     while (true) {
