@@ -4,8 +4,12 @@
 // RocksDB -> absl in meta/store, absl <-> gRPC in the RPC layer, absl -> errno in cachefs.
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 
 #define EMBER_CONCAT_INNER_(a, b) a##b
 #define EMBER_CONCAT_(a, b) EMBER_CONCAT_INNER_(a, b)
@@ -24,3 +28,21 @@
   auto tmp = (expr);                           \
   if (!tmp.ok()) return tmp.status();          \
   lhs = std::move(tmp).value()
+
+namespace ember {
+
+// A status that carries an exact errno (ENOTDIR, EEXIST, EROFS, ...): what a FUSE reply or a
+// volume operation (meta/volumes.h) answers with. Its code is Unknown; CarriedErrno reads it.
+inline constexpr char kErrnoPayload[] = "ember.errno";
+inline absl::Status ErrnoStatus(int err, const std::string& message) {
+  absl::Status s(absl::StatusCode::kUnknown, message);
+  s.SetPayload(kErrnoPayload, absl::Cord(std::to_string(err)));
+  return s;
+}
+// The errno a status carries from ErrnoStatus; 0 when it carries none.
+inline int CarriedErrno(const absl::Status& status) {
+  auto p = status.GetPayload(kErrnoPayload);
+  return p ? std::atoi(std::string(*p).c_str()) : 0;
+}
+
+}  // namespace ember

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/secret.h"
+#include "common/status.h"
 #include "meta/meta.grpc.pb.h"
 
 namespace ember::meta {
@@ -507,6 +508,42 @@ absl::StatusOr<rpc::Job> MetaClient::CompleteJob(const std::string& ref) {
   rpc::JobRef r;
   r.set_id(ref);
   return impl_->Unary<rpc::JobRef, rpc::Job>(r, &rpc::Meta::Stub::CompleteJob, {.keyed = true});
+}
+
+absl::StatusOr<rpc::Volume> MetaClient::AddVolume(const rpc::AddVolumeRequest& req) {
+  return impl_->Unary<rpc::AddVolumeRequest, rpc::Volume>(req, &rpc::Meta::Stub::AddVolume);
+}
+
+absl::StatusOr<std::vector<rpc::Volume>> MetaClient::ListVolumes() {
+  auto r = impl_->Unary<rpc::ListVolumesRequest, rpc::ListVolumesResponse>(
+      rpc::ListVolumesRequest(), &rpc::Meta::Stub::ListVolumes);
+  if (!r.ok()) return r.status();
+  return std::vector<rpc::Volume>(r->volumes().begin(), r->volumes().end());
+}
+
+absl::Status MetaClient::RemoveVolume(const std::string& name) {
+  rpc::RemoveVolumeRequest req;
+  req.set_name(name);
+  bool maybe_applied = false;
+  absl::Status st = impl_
+                        ->Unary<rpc::RemoveVolumeRequest, rpc::RemoveVolumeResponse>(
+                            req, &rpc::Meta::Stub::RemoveVolume, {.maybe_applied = &maybe_applied})
+                        .status();
+  if (absl::IsNotFound(st) && maybe_applied) return absl::OkStatus();  // as RemoveDataset
+  return st;
+}
+
+absl::StatusOr<rpc::VolumeOpReply> MetaClient::VolumeOp(const rpc::VolumeOpRequest& req) {
+  auto r = impl_->Unary<rpc::VolumeOpRequest, rpc::VolumeOpReply>(req, &rpc::Meta::Stub::VolumeOp);
+  if (r.ok() && r->err() != 0) return ErrnoStatus(r->err(), r->message());
+  return r;
+}
+
+absl::StatusOr<rpc::VolumeStatusResponse> MetaClient::VolumeStatus(const std::string& name) {
+  rpc::VolumeStatusRequest req;
+  req.set_name(name);
+  return impl_->Unary<rpc::VolumeStatusRequest, rpc::VolumeStatusResponse>(
+      req, &rpc::Meta::Stub::VolumeStatus);
 }
 
 }  // namespace ember::meta

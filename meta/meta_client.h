@@ -112,6 +112,17 @@ class MetaClient {
   absl::StatusOr<rpc::Job> CancelJob(const std::string& ref);
   absl::StatusOr<rpc::Job> CompleteJob(const std::string& ref);
 
+  // Writable volumes (meta/volumes.h).
+  absl::StatusOr<rpc::Volume> AddVolume(const rpc::AddVolumeRequest& req);
+  absl::StatusOr<std::vector<rpc::Volume>> ListVolumes();
+  absl::Status RemoveVolume(const std::string& name);
+  // One namespace operation. Returns: the reply; an ErrnoStatus (common/status.h) carrying the
+  // errno meta answered (ENOENT, EEXIST, EBUSY, ...); meta's or the transport's errors.
+  // A change retried on another meta replica after an attempt that may have been applied can
+  // answer as if it was not the first (EEXIST for a mkdir that happened): callers look again.
+  absl::StatusOr<rpc::VolumeOpReply> VolumeOp(const rpc::VolumeOpRequest& req);
+  absl::StatusOr<rpc::VolumeStatusResponse> VolumeStatus(const std::string& name);
+
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;

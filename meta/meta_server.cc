@@ -22,6 +22,7 @@
 #include "meta/replication.h"
 #include "meta/status_surface.h"
 #include "meta/store.h"
+#include "meta/volumes.h"
 
 namespace ember::meta {
 
@@ -35,6 +36,7 @@ struct MetaServer::Parts {
   std::unique_ptr<LocationIndex> locations;
   std::unique_ptr<PrefetchJobs> prefetches;
   std::unique_ptr<JobService> jobs;
+  std::unique_ptr<VolumeCatalog> volumes;
   std::unique_ptr<StatusSurface> status;
   std::unique_ptr<MetaService> service;
   std::unique_ptr<grpc::Server> server;
@@ -142,7 +144,9 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   p.prefetches = std::make_unique<PrefetchJobs>(p.store.get(), p.catalog.get(), p.nodes.get());
   p.jobs = std::make_unique<JobService>(p.store.get(), p.catalog.get(), p.nodes.get(),
                                         p.locations.get(), p.prefetches.get());
+  p.volumes = std::make_unique<VolumeCatalog>(p.store.get(), p.catalog.get());
   RETURN_IF_ERROR(p.catalog->Load());
+  RETURN_IF_ERROR(p.volumes->Load());
   RETURN_IF_ERROR(p.nodes->Load());
   RETURN_IF_ERROR(p.locations->Load());
   RETURN_IF_ERROR(p.prefetches->Load());
@@ -150,10 +154,10 @@ absl::StatusOr<std::unique_ptr<MetaServer>> MetaServer::Start(const MetaOptions&
   p.status = std::make_unique<StatusSurface>(options.listen, p.catalog.get(), p.nodes.get(),
                                              p.locations.get(), p.prefetches.get(), p.jobs.get());
   p.status->RegisterMetrics();
-  p.service =
-      std::make_unique<MetaService>(MetaUnits{p.catalog.get(), p.checksums.get(), p.nodes.get(),
-                                              p.locations.get(), p.prefetches.get(), p.jobs.get()},
-                                    options.token);
+  p.service = std::make_unique<MetaService>(
+      MetaUnits{p.catalog.get(), p.checksums.get(), p.nodes.get(), p.locations.get(),
+                p.prefetches.get(), p.jobs.get(), p.volumes.get()},
+      options.token);
   p.StartLoop();
 
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, ServerCredentials(options));

@@ -103,6 +103,10 @@ grpc::Status MetaService::Serve(grpc::ServerContext* ctx, const char* method,
 grpc::Status MetaService::AddDataset(grpc::ServerContext* ctx, const rpc::AddDatasetRequest* req,
                                      grpc::ServerWriter<rpc::DatasetProgress>* writer) {
   return Serve(ctx, "AddDataset", [&]() -> absl::Status {
+    if (units_.volumes != nullptr && units_.volumes->Has(req->name())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("'", req->name(), "' is a volume's name: a dataset needs its own"));
+    }
     auto progress = [writer](const rpc::DatasetProgress& p) { writer->Write(p); };
     ASSIGN_OR_RETURN(rpc::DatasetProgress done, units_.catalog->Add(*req, progress));
     writer->Write(done);
@@ -398,6 +402,55 @@ grpc::Status MetaService::CompleteJob(grpc::ServerContext* ctx, const rpc::JobRe
                                       rpc::Job* resp) {
   return Serve(ctx, "CompleteJob", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*resp, units_.jobs->End(req->id(), rpc::Job::COMPLETED, RequestId(ctx)));
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MetaService::AddVolume(grpc::ServerContext* ctx, const rpc::AddVolumeRequest* req,
+                                    rpc::Volume* resp) {
+  return Serve(ctx, "AddVolume", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*resp, units_.volumes->Add(*req));
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MetaService::ListVolumes(grpc::ServerContext* ctx, const rpc::ListVolumesRequest*,
+                                      rpc::ListVolumesResponse* resp) {
+  return Serve(ctx, "ListVolumes", [&] {
+    for (auto& v : units_.volumes->List()) *resp->add_volumes() = std::move(v);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status MetaService::RemoveVolume(grpc::ServerContext* ctx,
+                                       const rpc::RemoveVolumeRequest* req,
+                                       rpc::RemoveVolumeResponse*) {
+  return Serve(ctx, "RemoveVolume", [&] { return units_.volumes->Remove(req->name()); });
+}
+
+grpc::Status MetaService::VolumeOp(grpc::ServerContext* ctx, const rpc::VolumeOpRequest* req,
+                                   rpc::VolumeOpReply* resp) {
+  return Serve(ctx, "VolumeOp", [&]() -> absl::Status {
+    absl::StatusOr<rpc::VolumeOpReply> reply = units_.volumes->Apply(*req);
+    if (reply.ok()) {
+      *resp = std::move(*reply);
+      return absl::OkStatus();
+    }
+    // A file system's answer (ENOENT, EEXIST, ...) is a reply, not a failed call.
+    if (int err = CarriedErrno(reply.status()); err != 0) {
+      resp->set_err(err);
+      resp->set_message(std::string(reply.status().message()));
+      return absl::OkStatus();
+    }
+    return reply.status();
+  });
+}
+
+grpc::Status MetaService::VolumeStatus(grpc::ServerContext* ctx,
+                                       const rpc::VolumeStatusRequest* req,
+                                       rpc::VolumeStatusResponse* resp) {
+  return Serve(ctx, "VolumeStatus", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*resp, units_.volumes->Status(req->name()));
     return absl::OkStatus();
   });
 }

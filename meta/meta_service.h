@@ -24,6 +24,7 @@
 #include "meta/meta.grpc.pb.h"
 #include "meta/node_registry.h"
 #include "meta/prefetch_jobs.h"
+#include "meta/volumes.h"
 
 namespace ember::meta {
 
@@ -35,6 +36,7 @@ struct MetaUnits {
   LocationIndex* locations = nullptr;
   PrefetchJobs* prefetches = nullptr;
   JobService* jobs = nullptr;
+  VolumeCatalog* volumes = nullptr;
 };
 
 class MetaService final : public rpc::Meta::Service {
@@ -96,6 +98,17 @@ class MetaService final : public rpc::Meta::Service {
   grpc::Status CancelJob(grpc::ServerContext* ctx, const rpc::JobRef* req, rpc::Job* resp) override;
   grpc::Status CompleteJob(grpc::ServerContext* ctx, const rpc::JobRef* req,
                            rpc::Job* resp) override;
+
+  grpc::Status AddVolume(grpc::ServerContext* ctx, const rpc::AddVolumeRequest* req,
+                         rpc::Volume* resp) override;
+  grpc::Status ListVolumes(grpc::ServerContext* ctx, const rpc::ListVolumesRequest* req,
+                           rpc::ListVolumesResponse* resp) override;
+  grpc::Status RemoveVolume(grpc::ServerContext* ctx, const rpc::RemoveVolumeRequest* req,
+                            rpc::RemoveVolumeResponse* resp) override;
+  grpc::Status VolumeOp(grpc::ServerContext* ctx, const rpc::VolumeOpRequest* req,
+                        rpc::VolumeOpReply* resp) override;
+  grpc::Status VolumeStatus(grpc::ServerContext* ctx, const rpc::VolumeStatusRequest* req,
+                            rpc::VolumeStatusResponse* resp) override;
 
  private:
   // The gate every RPC goes through: checks the token, times the call into

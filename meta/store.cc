@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   checksum_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
   for (const char* name : {rocksdb::kDefaultColumnFamilyName.c_str(), "datasets", "manifests",
-                           "checksums", "nodes", "locations"}) {
+                           "checksums", "nodes", "locations", "volumes"}) {
     cfs.emplace_back(name, std::string(name) == "checksums" ? checksum_options : cf_options);
   }
   std::unique_ptr<MetaStore> store(new MetaStore());
@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& di
   store->checksums_ = store->handles_[3];
   store->nodes_ = store->handles_[4];
   store->locations_ = store->handles_[5];
+  store->volumes_ = store->handles_[6];
   RETURN_IF_ERROR(store->ReadPosition());
   if (!store_options.drop_orphans) return store;
   if (absl::Status st = store->DropOrphanManifests(); !st.ok()) {
@@ -307,6 +308,56 @@ absl::Status MetaStore::DeleteDataset(const rpc::Dataset& ds) {
     RETURN_IF_ERROR(DeletePrefixRange(cf, begin, end));
   }
   ForgetChecksums();  // and what was read meanwhile
+  return absl::OkStatus();
+}
+
+absl::Status MetaStore::ApplyVolumeChange(const VolumeChange& change) {
+  rocksdb::WriteBatch b;
+  for (const auto& k : change.erase) b.Delete(volumes_, k);
+  for (const auto& [k, v] : change.put) b.Put(volumes_, k, v);
+  for (const auto& [addr, sum] : change.checksums) {
+    std::string v;
+    PutBe64(&v, sum);
+    b.Put(checksums_, BlockKey(addr), v);
+  }
+  // Synced: a change acknowledged to a writer (fsync, rename) must survive a power loss.
+  RETURN_IF_ERROR(Commit(&b, true, "write volume"));
+  absl::MutexLock lock(&recent_mu_);
+  for (const auto& [addr, sum] : change.checksums) RememberChecksumLocked(addr, sum);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::string>> MetaStore::GetVolumeKey(const std::string& key) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), volumes_, key, &value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  RETURN_IF_ERROR(FromRocks(s, "read volume"));
+  return std::optional<std::string>(std::move(value));
+}
+
+absl::Status MetaStore::ScanVolumeKeys(
+    const std::string& prefix, const std::string& from,
+    const std::function<bool(const std::string&, const std::string&)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), volumes_));
+  for (it->Seek(from < prefix ? prefix : from); it->Valid() && it->key().starts_with(prefix);
+       it->Next()) {
+    if (!fn(it->key().ToString(), it->value().ToString())) break;
+  }
+  return FromRocks(it->status(), "list volume");
+}
+
+absl::Status MetaStore::DeleteVolumeKeys(const std::string& prefix, uint32_t dataset_id) {
+  rocksdb::WriteBatch b;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), volumes_));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    b.Delete(volumes_, it->key());
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list volume"));
+  RETURN_IF_ERROR(Commit(&b, true, "delete volume"));
+  ForgetChecksums();
+  RETURN_IF_ERROR(
+      DeletePrefixRange(checksums_, DatasetPrefix(dataset_id), DatasetPrefix(dataset_id + 1)));
+  ForgetChecksums();
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 //   checksums  dataset_id|version|file_id|index (BE) -> XXH3-64 (8 bytes LE)
 //   nodes      node id                               -> rpc::Node
 //   locations  dataset_id|version|file_id|node id    -> block bitmap (soft state)
+//   volumes    writable volumes' namespaces: keys and values are meta/volumes.cc's
 //   default    "next_dataset_id"                     -> counter
 //
 // This is the only file that sees RocksDB types; errors are converted to absl::Status here.
@@ -138,6 +139,25 @@ class MetaStore {
   absl::Status ForEachLocation(const std::function<void(const FileKey&, const std::string& node_id,
                                                         const std::string& bitmap)>& fn);
 
+  // ---- volumes (meta/volumes.h owns the keys and values) ----
+  // One change of a volume's namespace: written in one synced batch, with the checksums of
+  // contents it commits (checksums column family), so a commit is whole or absent.
+  struct VolumeChange {
+    std::vector<std::pair<std::string, std::string>> put;
+    std::vector<std::string> erase;
+    std::vector<std::pair<BlockAddr, uint64_t>> checksums;
+  };
+  absl::Status ApplyVolumeChange(const VolumeChange& change) ABSL_LOCKS_EXCLUDED(recent_mu_);
+  // Returns: the value; nullopt when absent; the store's errors.
+  absl::StatusOr<std::optional<std::string>> GetVolumeKey(const std::string& key);
+  // Calls fn(key, value) for keys starting with `prefix` from `from` on (>= from), in key order,
+  // until fn returns false.
+  absl::Status ScanVolumeKeys(
+      const std::string& prefix, const std::string& from,
+      const std::function<bool(const std::string& key, const std::string& value)>& fn);
+  // Deletes every key starting with `prefix` and the checksums of `dataset_id` (one batch).
+  absl::Status DeleteVolumeKeys(const std::string& prefix, uint32_t dataset_id);
+
   // ---- replication (meta replicas: replication.h) ----
   // Where a store is in the leader's stream of batches: the (term, seq) of the last batch it
   // applied. {0, 0} for a store that never took part in replication.
@@ -192,6 +212,7 @@ class MetaStore {
   rocksdb::ColumnFamilyHandle* checksums_ = nullptr;
   rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
   rocksdb::ColumnFamilyHandle* locations_ = nullptr;
+  rocksdb::ColumnFamilyHandle* volumes_ = nullptr;
   std::string dir_;
   Options options_;
 

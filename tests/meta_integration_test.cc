@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "meta/meta_client.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
@@ -514,6 +515,61 @@ TEST_F(MetaIntegrationTest, LargeManifestBoundedMemoryAndPaged) {
   }
   EXPECT_EQ(count, 1u + kDirs + kDirs * kPerDir);
   EXPECT_GT(pages, 10u);
+}
+
+TEST_F(MetaIntegrationTest, VolumesAreManagedFromTheCliAndTheirTreeSurvivesKill9) {
+  fs::create_directories(dir_.Sub("ckpt-up"));
+  json v = EmberJson({"volume", "add", "ckpt", dir_.Sub("ckpt-up"), "--replicas", "2"});
+  EXPECT_EQ(v["replicas"], 2);
+  auto bad = Ember({"volume", "add", "other", dir_.Sub("not-there")});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("not a directory"), std::string::npos) << bad.err;
+  auto taken = Ember({"dataset", "add", "ckpt", dir_.Sub("origin")});
+  EXPECT_NE(taken.exit_code, 0);
+  EXPECT_NE(taken.err.find("volume"), std::string::npos) << taken.err;
+
+  // A namespace change over gRPC; a file system's refusal arrives as its errno.
+  rpc::VolumeOpRequest mk;
+  mk.set_volume("ckpt");
+  mk.mutable_mkdir()->set_parent(1);
+  mk.mutable_mkdir()->set_name("run7");
+  auto made = meta_->client().VolumeOp(mk);
+  ASSERT_TRUE(made.ok()) << made.status();
+  auto again = meta_->client().VolumeOp(mk);
+  EXPECT_EQ(CarriedErrno(again.status()), EEXIST) << again.status();
+  rpc::VolumeOpRequest cr;
+  cr.set_volume("ckpt");
+  cr.mutable_create()->set_parent(made->inode().ino());
+  cr.mutable_create()->set_name("rank0.pt");
+  cr.mutable_create()->set_node("n1");
+  auto file = meta_->client().VolumeOp(cr);
+  ASSERT_TRUE(file.ok()) << file.status();
+  rpc::VolumeOpRequest commit;
+  commit.set_volume("ckpt");
+  commit.mutable_commit()->set_ino(file->inode().ino());
+  commit.mutable_commit()->set_node("n1");
+  commit.mutable_commit()->set_file_id(file->inode().writing_file_id());
+  commit.mutable_commit()->set_size(5);
+  commit.mutable_commit()->add_checksums(42);
+  commit.mutable_commit()->add_holders("n1");
+  ASSERT_TRUE(meta_->client().VolumeOp(commit).ok());
+
+  meta_->Kill(SIGKILL);
+  meta_->Restart();
+  json st = EmberJson({"volume", "status", "ckpt"});
+  ASSERT_EQ(st["files"].size(), 1u) << st.dump();
+  EXPECT_EQ(st["files"][0]["path"], "run7/rank0.pt");
+  EXPECT_EQ(st["files"][0]["state"], "local");  // one holder of two replicas
+  EXPECT_EQ(st["bytes_unpersisted"], 5);
+  rpc::GetChecksumsRequest sums;
+  *sums.add_blocks() = Addr(v["id"].get<uint32_t>(), 1, file->inode().writing_file_id(), 0);
+  auto got = meta_->client().GetChecksums(sums);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->present(0));
+  EXPECT_EQ(got->checksums(0), 42u);
+
+  EXPECT_EQ(Ember({"volume", "rm", "ckpt"}).exit_code, 0);
+  EXPECT_TRUE(EmberJson({"volume", "ls"}).empty());
 }
 
 }  // namespace

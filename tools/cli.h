@@ -19,6 +19,7 @@ namespace ember::tools {
 // Sub-command registration; each lives in its own cmd_*.cc.
 void AddMetaCommand(CLI::App& app);
 void AddDatasetCommand(CLI::App& app);
+void AddVolumeCommand(CLI::App& app);  // volume add|ls|status|rm
 void AddStatusCommand(CLI::App& app);
 void AddNodeCommands(CLI::App& app);      // node, up
 void AddPrefetchCommands(CLI::App& app);  // prefetch, unpin, locality

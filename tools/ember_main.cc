@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
   ember::tools::AddMetaCommand(app);
   ember::tools::AddDatasetCommand(app);
+  ember::tools::AddVolumeCommand(app);
   ember::tools::AddStatusCommand(app);
   ember::tools::AddNodeCommands(app);
   ember::tools::AddPrefetchCommands(app);

@@ -9,15 +9,8 @@
 
 namespace ember::cachefs {
 namespace {
-constexpr char kErrnoPayload[] = "ember.errno";
 constexpr char kAbsentPayload[] = "ember.absent";
 }  // namespace
-
-absl::Status ErrnoStatus(int err, const std::string& message) {
-  absl::Status s(absl::StatusCode::kUnknown, message);
-  s.SetPayload(kErrnoPayload, absl::Cord(std::to_string(err)));
-  return s;
-}
 
 absl::Status AbsentEntry(const std::string& message) {
   absl::Status s = absl::NotFoundError(message);
@@ -39,7 +32,7 @@ int LookupErrno(std::string_view name, const absl::Status& status) {
 
 int ToErrno(const absl::Status& status) {
   if (status.ok()) return 0;
-  if (auto p = status.GetPayload(kErrnoPayload)) return std::atoi(std::string(*p).c_str());
+  if (int err = CarriedErrno(status); err != 0) return err;
   switch (status.code()) {
     case absl::StatusCode::kNotFound:
       return ENOENT;

@@ -6,11 +6,12 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 
 namespace ember::cachefs {
 
 // A status that carries an exact errno (ENOTDIR, EROFS, ...) for the FUSE reply.
-absl::Status ErrnoStatus(int err, const std::string& message);
+using ::ember::ErrnoStatus;
 
 // NotFound -> ENOENT, InvalidArgument -> EINVAL, PermissionDenied -> EACCES,
 // ResourceExhausted -> ENOSPC, Unimplemented -> ENOSYS, DeadlineExceeded -> ETIMEDOUT,

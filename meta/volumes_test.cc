@@ -1,0 +1,399 @@
+#include "meta/volumes.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+
+#include "common/status.h"
+#include "meta/store_fixture_test.h"
+
+namespace ember::meta {
+namespace {
+
+class VolumesTest : public StoreFixture {
+ protected:
+  void SetUp() override {
+    StoreFixture::SetUp();
+    Reload();
+  }
+  // A new catalog over the store (as after a restart of meta).
+  void Reload() {
+    volumes_.reset();
+    datasets_ = std::make_unique<DatasetCatalog>(store_.get());
+    ASSERT_TRUE(datasets_->Load().ok());
+    volumes_ =
+        std::make_unique<VolumeCatalog>(store_.get(), datasets_.get(), [this] { return now_; });
+    ASSERT_TRUE(volumes_->Load().ok());
+  }
+  rpc::Volume AddVolume(const std::string& name, uint32_t replicas) {
+    rpc::AddVolumeRequest req;
+    req.set_name(name);
+    req.set_origin(dir_.Sub("up-" + name));
+    ember::testing::RunShell("mkdir -p " + req.origin());
+    req.set_replicas(replicas);
+    req.set_block_size(1 << 20);
+    auto v = volumes_->Add(req);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : rpc::Volume();
+  }
+  // Runs one operation on volume "ckpt"; `err` is 0 or the errno it answered.
+  rpc::VolumeOpReply Op(const rpc::VolumeOpRequest& req, int* err = nullptr) {
+    rpc::VolumeOpRequest r = req;
+    if (r.volume().empty()) r.set_volume("ckpt");
+    auto reply = volumes_->Apply(r);
+    if (err != nullptr) *err = reply.ok() ? 0 : CarriedErrno(reply.status());
+    if (err == nullptr) EXPECT_TRUE(reply.ok()) << reply.status();
+    if (err != nullptr && !reply.ok()) EXPECT_NE(*err, 0) << reply.status();
+    return reply.ok() ? *reply : rpc::VolumeOpReply();
+  }
+  int Errno(const rpc::VolumeOpRequest& req) {
+    int err = 0;
+    Op(req, &err);
+    return err;
+  }
+  static rpc::VolumeOpRequest Mkdir(uint64_t parent, const std::string& name) {
+    rpc::VolumeOpRequest r;
+    r.mutable_mkdir()->set_parent(parent);
+    r.mutable_mkdir()->set_name(name);
+    r.mutable_mkdir()->set_mode(0755);
+    return r;
+  }
+  static rpc::VolumeOpRequest Create(uint64_t parent, const std::string& name,
+                                     const std::string& node, bool exclusive = false) {
+    rpc::VolumeOpRequest r;
+    r.mutable_create()->set_parent(parent);
+    r.mutable_create()->set_name(name);
+    r.mutable_create()->set_mode(0644);
+    r.mutable_create()->set_node(node);
+    r.mutable_create()->set_exclusive(exclusive);
+    return r;
+  }
+  static rpc::VolumeOpRequest Lookup(uint64_t parent, const std::string& name) {
+    rpc::VolumeOpRequest r;
+    r.mutable_lookup()->set_parent(parent);
+    r.mutable_lookup()->set_name(name);
+    return r;
+  }
+  static rpc::VolumeOpRequest Commit(const rpc::VolumeInode& n, const std::string& node,
+                                     uint64_t size, std::vector<std::string> holders,
+                                     bool keep = false) {
+    rpc::VolumeOpRequest r;
+    auto* c = r.mutable_commit();
+    c->set_ino(n.ino());
+    c->set_node(node);
+    c->set_file_id(n.writing_file_id());
+    c->set_size(size);
+    for (uint64_t i = 0; i < (size + (1 << 20) - 1) >> 20; ++i) c->add_checksums(0xabc0 + i);
+    for (auto& h : holders) c->add_holders(h);
+    c->set_keep_lease(keep);
+    return r;
+  }
+  static rpc::VolumeOpRequest Rename(uint64_t p, const std::string& n, uint64_t np,
+                                     const std::string& nn, bool noreplace = false) {
+    rpc::VolumeOpRequest r;
+    auto* m = r.mutable_rename();
+    m->set_parent(p);
+    m->set_name(n);
+    m->set_new_parent(np);
+    m->set_new_name(nn);
+    m->set_noreplace(noreplace);
+    return r;
+  }
+  static rpc::VolumeOpRequest Remove(uint64_t p, const std::string& n, bool dir) {
+    rpc::VolumeOpRequest r;
+    auto* m = dir ? r.mutable_rmdir() : r.mutable_unlink();
+    m->set_parent(p);
+    m->set_name(n);
+    return r;
+  }
+  std::vector<std::string> Names(uint64_t dir) {
+    rpc::VolumeOpRequest r;
+    r.mutable_readdir()->set_ino(dir);
+    std::vector<std::string> out;
+    const rpc::VolumeOpReply reply = Op(r);
+    for (const auto& e : reply.entries()) out.push_back(e.name());
+    return out;
+  }
+
+  int64_t now_ = 1'000'000;
+  std::unique_ptr<DatasetCatalog> datasets_;
+  std::unique_ptr<VolumeCatalog> volumes_;
+};
+
+TEST_F(VolumesTest, AddRefusesBadOriginsAndTakenNamesAndSurvivesARestart) {
+  rpc::AddVolumeRequest req;
+  req.set_name("ckpt");
+  req.set_origin("relative/dir");
+  EXPECT_EQ(volumes_->Add(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_origin(dir_.Sub("missing"));
+  EXPECT_EQ(volumes_->Add(req).status().code(), absl::StatusCode::kInvalidArgument);
+  ember::testing::WriteFile(dir_.Sub("a-file"), "x");
+  req.set_origin(dir_.Sub("a-file"));
+  EXPECT_EQ(volumes_->Add(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_origin(dir_.path());
+  req.set_replicas(9);
+  EXPECT_EQ(volumes_->Add(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_replicas(2);
+  req.set_name("bad/name");
+  EXPECT_FALSE(volumes_->Add(req).ok());
+
+  AddDataset(datasets_.get(), "imgs");
+  req.set_name("imgs");
+  EXPECT_EQ(volumes_->Add(req).status().code(), absl::StatusCode::kAlreadyExists);
+
+  const rpc::Volume v = AddVolume("ckpt", 2);
+  EXPECT_EQ(v.replicas(), 2u);
+  EXPECT_NE(v.id(), datasets_->Get("imgs")->id());  // block addresses never collide
+  req.set_name("ckpt");
+  EXPECT_EQ(volumes_->Add(req).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(volumes_->Has("ckpt"));
+
+  Op(Mkdir(kVolumeRootIno, "run7"));
+  Reload();
+  ASSERT_EQ(volumes_->List().size(), 1u);
+  EXPECT_EQ(volumes_->Get("ckpt")->id(), v.id());
+  const auto dir = Op(Lookup(kVolumeRootIno, "run7")).inode();
+  // Numbers continue after a restart: a new inode is not an old one's.
+  const auto other = Op(Mkdir(kVolumeRootIno, "run8")).inode();
+  EXPECT_GT(other.ino(), dir.ino());
+  EXPECT_EQ(volumes_->Apply(rpc::VolumeOpRequest()).status().code(),
+            absl::StatusCode::kNotFound);  // no volume named ""
+}
+
+TEST_F(VolumesTest, NamespaceChangesAnswerWithTheErrnoAFileSystemWould) {
+  AddVolume("ckpt", 1);
+  const auto run = Op(Mkdir(kVolumeRootIno, "run")).inode();
+  EXPECT_TRUE(S_ISDIR(run.mode()));
+  EXPECT_EQ(Errno(Mkdir(kVolumeRootIno, "run")), EEXIST);
+  EXPECT_EQ(Errno(Mkdir(kVolumeRootIno, "..")), EINVAL);
+  EXPECT_EQ(Errno(Mkdir(kVolumeRootIno, "a/b")), EINVAL);
+  EXPECT_EQ(Errno(Mkdir(kVolumeRootIno, std::string(256, 'x'))), ENAMETOOLONG);
+  EXPECT_EQ(Errno(Mkdir(999, "x")), ENOENT);
+  EXPECT_EQ(Errno(Lookup(run.ino(), "nothing")), ENOENT);
+
+  const auto f = Op(Create(run.ino(), "rank0.pt", "n1")).inode();
+  EXPECT_TRUE(S_ISREG(f.mode()));
+  EXPECT_EQ(Errno(Create(run.ino(), "rank0.pt", "n1", /*exclusive=*/true)), EEXIST);
+  EXPECT_EQ(Errno(Mkdir(f.ino(), "x")), ENOTDIR);
+  EXPECT_EQ(Errno(Lookup(f.ino(), "x")), ENOTDIR);
+  EXPECT_EQ(Errno(Create(kVolumeRootIno, "run", "n1")), EISDIR);
+  EXPECT_EQ(Errno(Remove(kVolumeRootIno, "run", /*dir=*/false)), EISDIR);
+  EXPECT_EQ(Errno(Remove(run.ino(), "rank0.pt", /*dir=*/true)), ENOTDIR);
+  EXPECT_EQ(Errno(Remove(kVolumeRootIno, "run", /*dir=*/true)), ENOTEMPTY);
+
+  // Listings page in name order.
+  for (const char* n : {"b", "a", "c"}) Op(Mkdir(run.ino(), n));
+  EXPECT_EQ(Names(run.ino()), (std::vector<std::string>{"a", "b", "c", "rank0.pt"}));
+  rpc::VolumeOpRequest page;
+  page.mutable_readdir()->set_ino(run.ino());
+  page.mutable_readdir()->set_max_entries(2);
+  auto first = Op(page);
+  ASSERT_EQ(first.entries_size(), 2);
+  EXPECT_TRUE(first.more());
+  page.mutable_readdir()->set_after(first.entries(1).name());
+  auto second = Op(page);
+  ASSERT_EQ(second.entries_size(), 2);
+  EXPECT_EQ(second.entries(0).name(), "c");
+  EXPECT_FALSE(second.more());
+  EXPECT_EQ(second.inode().children(), 4u);
+
+  Op(Remove(run.ino(), "rank0.pt", false));
+  for (const char* n : {"a", "b", "c"}) Op(Remove(run.ino(), n, true));
+  EXPECT_EQ(Errno(Lookup(run.ino(), "a")), ENOENT);
+  Op(Remove(kVolumeRootIno, "run", true));
+  EXPECT_TRUE(Names(kVolumeRootIno).empty());
+  rpc::VolumeOpRequest get;
+  get.mutable_getattr()->set_ino(f.ino());
+  EXPECT_EQ(Errno(get), ENOENT);
+}
+
+TEST_F(VolumesTest, OneWriterPerFileUntilItsLeaseRunsOut) {
+  AddVolume("ckpt", 1);
+  const auto f = Op(Create(kVolumeRootIno, "w", "n1")).inode();
+  EXPECT_EQ(f.writer(), "n1");
+  ASSERT_NE(f.writing_file_id(), 0u);
+  rpc::VolumeOpRequest open2;
+  open2.mutable_open_write()->set_ino(f.ino());
+  open2.mutable_open_write()->set_node("n2");
+  EXPECT_EQ(Errno(open2), EBUSY);
+  EXPECT_EQ(Errno(Create(kVolumeRootIno, "w", "n2")), EBUSY);  // O_CREAT of a leased file
+
+  // n1 renews (same contents id); after its lease runs out, n2 takes the file with a new id and
+  // n1's commit fails rather than overwrite n2's.
+  rpc::VolumeOpRequest renew = open2;
+  renew.mutable_open_write()->set_node("n1");
+  now_ += VolumeCatalog::kLeaseMs - 1;
+  EXPECT_EQ(Op(renew).inode().writing_file_id(), f.writing_file_id());
+  now_ += VolumeCatalog::kLeaseMs - 1;
+  EXPECT_EQ(Errno(open2), EBUSY);
+  now_ += 2;
+  const auto taken = Op(open2).inode();
+  EXPECT_EQ(taken.writer(), "n2");
+  EXPECT_NE(taken.writing_file_id(), f.writing_file_id());
+  EXPECT_EQ(Errno(Commit(f, "n1", 10, {"n1"})), EIO);
+  EXPECT_EQ(Errno(Commit(taken, "n2", 10, {"n2"})), 0);
+
+  // Release by a node that is not the writer changes nothing.
+  const auto again = Op(open2).inode();
+  rpc::VolumeOpRequest rel;
+  rel.mutable_release()->set_ino(f.ino());
+  rel.mutable_release()->set_node("n1");
+  EXPECT_EQ(Op(rel).inode().writer(), "n2");
+  rel.mutable_release()->set_node("n2");
+  EXPECT_EQ(Op(rel).inode().writer(), "");
+  EXPECT_NE(again.writing_file_id(), 0u);
+}
+
+TEST_F(VolumesTest, ACommitRecordsChecksumsAndReplacesTheContentsWhole) {
+  const rpc::Volume v = AddVolume("ckpt", 2);
+  const auto f = Op(Create(kVolumeRootIno, "s.pt", "n1")).inode();
+  EXPECT_EQ(Errno(Commit(f, "n1", (2 << 20) + 1, {})), EINVAL);  // no holder
+  auto wrong_count = Commit(f, "n1", 5 << 20, {"n1"});
+  wrong_count.mutable_commit()->mutable_checksums()->RemoveLast();
+  EXPECT_EQ(Errno(wrong_count), EINVAL);
+  auto wrong_id = Commit(f, "n1", 10, {"n1"});
+  wrong_id.mutable_commit()->set_file_id(f.writing_file_id() + 100);
+  EXPECT_EQ(Errno(wrong_id), EINVAL);
+
+  // fsync: one holder of two replicas is LOCAL; the lease stays with a new contents id.
+  const auto synced = Op(Commit(f, "n1", (2 << 20) + 1, {"n1"}, /*keep=*/true)).inode();
+  EXPECT_EQ(synced.state(), rpc::VolumeInode::LOCAL);
+  EXPECT_EQ(synced.file_id(), f.writing_file_id());
+  EXPECT_EQ(synced.generation(), 1u);
+  EXPECT_EQ(synced.writer(), "n1");
+  EXPECT_NE(synced.writing_file_id(), synced.file_id());
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto sum = store_->GetChecksum(BlockAddr{v.id(), kVolumeDataVersion, synced.file_id(), i});
+    ASSERT_TRUE(sum.ok() && sum->has_value());
+    EXPECT_EQ(**sum, 0xabc0 + i);
+  }
+  EXPECT_FALSE(
+      store_->GetChecksum(BlockAddr{v.id(), kVolumeDataVersion, synced.file_id(), 3})->has_value());
+
+  // close: on both replicas now; the first contents become garbage.
+  const auto closed = Op(Commit(synced, "n1", 100, {"n1", "n2"})).inode();
+  EXPECT_EQ(closed.state(), rpc::VolumeInode::REPLICATED);
+  EXPECT_EQ(closed.size(), 100u);
+  EXPECT_EQ(closed.generation(), 2u);
+  EXPECT_EQ(closed.writer(), "");
+  EXPECT_EQ(closed.holders_size(), 2);
+  int garbage = 0;
+  ASSERT_TRUE(store_
+                  ->ScanVolumeKeys("d/", "",
+                                   [&](const std::string& k, const std::string&) {
+                                     garbage += k.size() == 2 + 4 + 1 + 8 && k[6] == 'g';
+                                     return true;
+                                   })
+                  .ok());
+  EXPECT_EQ(garbage, 1);
+
+  auto st = volumes_->Status("ckpt");
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->files_size(), 1);
+  EXPECT_EQ(st->files(0).name(), "s.pt");
+  EXPECT_EQ(st->bytes_unpersisted(), 100u);
+
+  // An upload of an older contents id does not mark the new one persisted.
+  rpc::VolumeOpRequest up;
+  up.mutable_persisted()->set_ino(f.ino());
+  up.mutable_persisted()->set_file_id(synced.file_id());
+  EXPECT_EQ(Op(up).inode().state(), rpc::VolumeInode::REPLICATED);
+  up.mutable_persisted()->set_file_id(closed.file_id());
+  EXPECT_EQ(Op(up).inode().state(), rpc::VolumeInode::PERSISTED);
+  EXPECT_EQ(volumes_->Status("ckpt")->bytes_unpersisted(), 0u);
+}
+
+TEST_F(VolumesTest, ARenameOfADirectoryMovesItsWholeTreeAtOnce) {
+  AddVolume("ckpt", 1);
+  const auto run = Op(Mkdir(kVolumeRootIno, "run7")).inode();
+  const auto tmp = Op(Mkdir(run.ino(), "step_1000.tmp")).inode();
+  const auto shard = Op(Create(tmp.ino(), "rank3.pt", "n1")).inode();
+  Op(Commit(shard, "n1", 10, {"n1"}));
+
+  EXPECT_EQ(Errno(Rename(run.ino(), "step_1000.tmp", tmp.ino(), "x")), EINVAL);  // into itself
+  EXPECT_EQ(Errno(Rename(kVolumeRootIno, "run7", tmp.ino(), "x")), EINVAL);      // below itself
+  EXPECT_EQ(Errno(Rename(run.ino(), "nothing", run.ino(), "x")), ENOENT);
+
+  Op(Rename(run.ino(), "step_1000.tmp", run.ino(), "step_1000"));
+  EXPECT_EQ(Errno(Lookup(run.ino(), "step_1000.tmp")), ENOENT);
+  const auto moved = Op(Lookup(run.ino(), "step_1000")).inode();
+  EXPECT_EQ(moved.ino(), tmp.ino());
+  EXPECT_EQ(Op(Lookup(moved.ino(), "rank3.pt")).inode().size(), 10u);
+
+  // The next save replaces the last: rename over an empty directory, not over a full one.
+  const auto next = Op(Mkdir(run.ino(), "step_2000.tmp")).inode();
+  Op(Create(next.ino(), "rank3.pt", "n1"));
+  EXPECT_EQ(Errno(Rename(run.ino(), "step_2000.tmp", run.ino(), "step_1000")), ENOTEMPTY);
+  EXPECT_EQ(Errno(Rename(run.ino(), "step_2000.tmp", run.ino(), "step_1000", true)), EEXIST);
+  Op(Mkdir(run.ino(), "empty"));
+  Op(Rename(run.ino(), "step_2000.tmp", run.ino(), "empty"));
+  EXPECT_EQ(Names(run.ino()), (std::vector<std::string>{"empty", "step_1000"}));
+  EXPECT_EQ(Op(Lookup(kVolumeRootIno, "run7")).inode().children(), 2u);
+
+  // Files: over a file replaces it (its contents become garbage), not over a directory.
+  EXPECT_EQ(Errno(Rename(moved.ino(), "rank3.pt", run.ino(), "empty")), EISDIR);
+  EXPECT_EQ(Errno(Rename(run.ino(), "empty", moved.ino(), "rank3.pt")), ENOTDIR);
+  Op(Rename(next.ino(), "rank3.pt", moved.ino(), "rank3.pt"));
+  const auto replaced = Op(Lookup(moved.ino(), "rank3.pt")).inode();
+  EXPECT_NE(replaced.ino(), shard.ino());
+  rpc::VolumeOpRequest get;
+  get.mutable_getattr()->set_ino(shard.ino());
+  EXPECT_EQ(Errno(get), ENOENT);
+  EXPECT_EQ(Op(Lookup(run.ino(), "empty")).inode().children(), 0u);
+  EXPECT_EQ(Op(Lookup(run.ino(), "step_1000")).inode().children(), 1u);
+
+  // Across directories, and seen the same after a restart.
+  Op(Mkdir(kVolumeRootIno, "archive"));
+  const auto archive = Op(Lookup(kVolumeRootIno, "archive")).inode();
+  Op(Rename(run.ino(), "step_1000", archive.ino(), "run7-step_1000"));
+  Reload();
+  EXPECT_EQ(Names(run.ino()), (std::vector<std::string>{"empty"}));
+  const auto there = Op(Lookup(archive.ino(), "run7-step_1000")).inode();
+  EXPECT_EQ(there.parent(), archive.ino());
+  EXPECT_EQ(Op(Lookup(there.ino(), "rank3.pt")).inode().ino(), replaced.ino());
+  auto st = volumes_->Status("ckpt");
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->files_size(), 1);
+  EXPECT_EQ(st->files(0).name(), "archive/run7-step_1000/rank3.pt");
+}
+
+TEST_F(VolumesTest, RemovingAVolumeDropsItsTreeAndChecksums) {
+  const rpc::Volume v = AddVolume("ckpt", 1);
+  const auto f = Op(Create(kVolumeRootIno, "a", "n1")).inode();
+  Op(Commit(f, "n1", 10, {"n1"}));
+  ASSERT_TRUE(store_->GetChecksum(BlockAddr{v.id(), kVolumeDataVersion, f.writing_file_id(), 0})
+                  ->has_value());
+  ASSERT_TRUE(volumes_->Remove("ckpt").ok());
+  EXPECT_EQ(volumes_->Remove("ckpt").code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(store_->GetChecksum(BlockAddr{v.id(), kVolumeDataVersion, f.writing_file_id(), 0})
+                   ->has_value());
+  int keys = 0;
+  ASSERT_TRUE(store_
+                  ->ScanVolumeKeys("", "",
+                                   [&](const std::string&, const std::string&) {
+                                     ++keys;
+                                     return true;
+                                   })
+                  .ok());
+  EXPECT_EQ(keys, 0);
+  Reload();
+  EXPECT_TRUE(volumes_->List().empty());
+}
+
+TEST_F(VolumesTest, AFullDiskRefusesAChangeAndKeepsTheTreeAsItWas) {
+  AddVolume("ckpt", 1);
+  Op(Mkdir(kVolumeRootIno, "kept"));
+  Open(/*full=*/true);
+  Reload();
+  rpc::VolumeOpRequest r = Mkdir(kVolumeRootIno, "new");
+  r.set_volume("ckpt");
+  EXPECT_EQ(volumes_->Apply(r).status().code(), absl::StatusCode::kResourceExhausted);
+  Open();
+  Reload();
+  EXPECT_EQ(Names(kVolumeRootIno), (std::vector<std::string>{"kept"}));
+  Op(Mkdir(kVolumeRootIno, "new"));  // the counter did not move past a write that failed
+}
+
+}  // namespace
+}  // namespace ember::meta
