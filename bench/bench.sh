@@ -16,6 +16,8 @@
 #    dataset add and find at that size.
 #    bench_au.sh: how many emulated accelerators (unet3d, resnet50; `ember bench au --find-max`)
 #    native, Ember (cold first epoch, warm), bindfs and rclone keep busy.
+#    bench_ckpt.sh: checkpoints through writable volumes (save with fsync, restore on a fresh
+#    node) beside local disk, O_DIRECT writers, disk reads and raw TCP in the same run.
 # 4. bench_meta_ha.sh (when etcd is installed): meta's restart time on its data dir, etcd's write
 #    latency and leader failover on 127.0.0.11-13, and meta replicas on them: `dataset add`
 #    through a replicated leader and 20 leader kills, each timed until a write is acknowledged.
@@ -70,6 +72,9 @@ say "memory per file at 1M files"
 # ---- accelerators fed, MLPerf-Storage style (bench_au.sh; #22, `ember bench au`) ----
 say "accelerator utilization"
 "$(dirname "$0")/bench_au.sh" "$BUILD" | tee -a "$OUT/results.md"
+# ---- checkpoints (bench_ckpt.sh; #23): save and restore through two nodes' mounts ----
+say "checkpoints"
+"$(dirname "$0")/bench_ckpt.sh" "$BUILD" | tee -a "$OUT/results.md"
 # ---- meta failover's figures (bench_meta_ha.sh; needs etcd: #26 part 2, docs/meta-ha.md) ----
 if command -v etcd > /dev/null; then
   say "meta failover"

@@ -11,7 +11,8 @@
 
 namespace ember::cachefs {
 
-DatasetFs::DatasetFs(Namespace* ns, ReadPath* read_path) : ns_(ns), read_path_(read_path) {}
+DatasetFs::DatasetFs(Namespace* ns, ReadPath* read_path, VolumeFs* volumes)
+    : ns_(ns), read_path_(read_path), volumes_(volumes) {}
 
 Attr DatasetFs::RootAttr() {
   Attr a;
@@ -64,8 +65,12 @@ absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, FsNode>> DatasetFs:
 }
 
 absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name) {
+  if (IsVolume(parent)) return volumes_->Lookup(parent, name);
   if (parent == kRootIno) {
     auto view = ns_->ViewByName(name);
+    if (absl::IsNotFound(view.status()) && volumes_ != nullptr) {
+      if (auto vol = volumes_->LookupVolume(name); !absl::IsNotFound(vol.status())) return vol;
+    }
     if (absl::IsNotFound(view.status())) return AbsentEntry(std::string(view.status().message()));
     if (!view.ok()) return view.status();
     auto root = (*view)->Get(1);
@@ -86,6 +91,7 @@ absl::StatusOr<Entry> DatasetFs::Lookup(uint64_t parent, const std::string& name
 
 absl::StatusOr<Entry> DatasetFs::GetAttr(uint64_t ino) {
   if (ino == kRootIno) return Entry{RootAttr(), kRootTimeout};
+  if (IsVolume(ino)) return volumes_->GetAttr(ino);
   auto r = Resolve(ino);
   if (!r.ok()) return r.status();
   uint32_t ds, v;
@@ -98,6 +104,7 @@ absl::StatusOr<Entry> DatasetFs::GetAttr(uint64_t ino) {
 absl::Status DatasetFs::ReadDir(
     uint64_t ino, uint64_t offset,
     const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn) {
+  if (IsVolume(ino)) return volumes_->ReadDir(ino, offset, fn);
   // Offsets: 1 after ".", 2 after "..", 2 + i after the i-th (1-based) child.
   Attr self, parent = RootAttr();
   std::shared_ptr<const DatasetView> view;
@@ -127,7 +134,15 @@ absl::Status DatasetFs::ReadDir(
       a.ino = MakeIno(datasets[i].id(), 0, 1);
       a.mode = S_IFDIR | 0555;
       a.complete = false;  // the manifest loads on lookup, not on listing
-      if (!fn(datasets[i].name(), a, i + 3)) break;
+      if (!fn(datasets[i].name(), a, i + 3)) return absl::OkStatus();
+    }
+    if (volumes_ == nullptr) return absl::OkStatus();
+    // Then the volumes (their offsets follow the datasets').
+    const std::vector<rpc::Volume> volumes = volumes_->Volumes();
+    for (uint64_t j = i - datasets.size(); j < volumes.size(); j++) {
+      Attr a = VolumeFs::VolumeRootAttr(volumes[j]);
+      a.complete = false;
+      if (!fn(volumes[j].name(), a, datasets.size() + j + 3)) break;
     }
     return absl::OkStatus();
   }
@@ -142,6 +157,7 @@ absl::Status DatasetFs::ReadDir(
 }
 
 absl::StatusOr<std::string> DatasetFs::ReadLink(uint64_t ino) {
+  if (IsVolume(ino)) return ErrnoStatus(EINVAL, "not a symlink");
   auto r = Resolve(ino);
   if (!r.ok()) return r.status();
   if (r->second.type != rpc::FileEntry::SYMLINK) return ErrnoStatus(EINVAL, "not a symlink");
@@ -149,6 +165,7 @@ absl::StatusOr<std::string> DatasetFs::ReadLink(uint64_t ino) {
 }
 
 absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> DatasetFs::Open(uint64_t ino, int flags) {
+  if (IsVolume(ino)) return volumes_->Open(ino, flags);
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)) {
     return ErrnoStatus(EROFS, "read-only file system");
   }
@@ -165,6 +182,7 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> DatasetFs::Open(uint64_t
 
 absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uint64_t offset,
                                            size_t size, char* buf) {
+  if (IsVolume(ino)) return volumes_->Read(ino, handle, offset, size, buf);
   std::unique_ptr<ReadStream> rebuilt;
   ReadStream* stream = nullptr;
   if (handle != nullptr) {
@@ -187,7 +205,7 @@ absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uin
 }
 
 absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino, bool verified_only) {
-  if (ino == kRootIno) return absl::NotFoundError("the root has no backing file");
+  if (ino == kRootIno || IsVolume(ino)) return absl::NotFoundError("no backing file");
   auto r = Resolve(ino);
   if (!r.ok()) return r.status();
   if (r->second.type != rpc::FileEntry::FILE) return absl::NotFoundError("not a regular file");
@@ -208,5 +226,65 @@ FsStats DatasetFs::StatFs() {
   }
   return s;
 }
+
+// ---- changes: volumes only ----
+
+absl::StatusOr<std::pair<Entry, std::unique_ptr<FileSystem::FileHandle>>> DatasetFs::Create(
+    uint64_t parent, const std::string& name, uint32_t mode, int flags, uint32_t uid,
+    uint32_t gid) {
+  if (!IsVolume(parent)) return ReadOnly();
+  return volumes_->Create(parent, name, mode, flags, uid, gid);
+}
+
+absl::StatusOr<Entry> DatasetFs::MkDir(uint64_t parent, const std::string& name, uint32_t mode,
+                                       uint32_t uid, uint32_t gid) {
+  if (!IsVolume(parent)) return ReadOnly();
+  return volumes_->MkDir(parent, name, mode, uid, gid);
+}
+
+absl::Status DatasetFs::Unlink(uint64_t parent, const std::string& name) {
+  if (!IsVolume(parent)) return ReadOnly();
+  return volumes_->Unlink(parent, name);
+}
+
+absl::Status DatasetFs::RmDir(uint64_t parent, const std::string& name) {
+  if (!IsVolume(parent)) return ReadOnly();
+  return volumes_->RmDir(parent, name);
+}
+
+absl::Status DatasetFs::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
+                               const std::string& new_name, uint32_t flags) {
+  if (!IsVolume(parent) || !IsVolume(new_parent)) {
+    return IsVolume(parent) || IsVolume(new_parent) ? ErrnoStatus(EXDEV, "not within a volume")
+                                                    : ReadOnly();
+  }
+  return volumes_->Rename(parent, name, new_parent, new_name, flags);
+}
+
+absl::StatusOr<size_t> DatasetFs::Write(uint64_t ino, FileHandle* handle, uint64_t offset,
+                                        const char* data, size_t size) {
+  if (!IsVolume(ino)) return ReadOnly();
+  return volumes_->Write(ino, handle, offset, data, size);
+}
+
+absl::Status DatasetFs::Flush(uint64_t ino, FileHandle* handle) {
+  return IsVolume(ino) ? volumes_->Commit(ino, handle) : absl::OkStatus();
+}
+
+absl::Status DatasetFs::Fsync(uint64_t ino, FileHandle* handle) {
+  return IsVolume(ino) ? volumes_->Commit(ino, handle) : absl::OkStatus();
+}
+
+absl::StatusOr<Entry> DatasetFs::SetAttr(uint64_t ino, FileHandle* handle, const SetAttrs& attrs) {
+  if (!IsVolume(ino)) return ReadOnly();
+  return volumes_->SetAttr(ino, handle, attrs);
+}
+
+absl::StatusOr<std::string> DatasetFs::GetXattr(uint64_t ino, const std::string& name) {
+  if (!IsVolume(ino)) return NoData();
+  return volumes_->GetXattr(ino, name);
+}
+
+bool DatasetFs::Writable(uint64_t ino) { return IsVolume(ino); }
 
 }  // namespace ember::cachefs

@@ -7,14 +7,17 @@
 
 #include <sys/types.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "cachefs/cache/block_buffer.h"
+#include "common/status.h"
 
 namespace ember::cachefs {
 
@@ -90,6 +93,9 @@ class FileSystem {
   class FileHandle {
    public:
     virtual ~FileHandle() = default;
+    // A file whose contents may change (a volume's): opened without the kernel's page cache kept
+    // from before, never through passthrough, and with a FLUSH at close.
+    virtual bool Volatile() const { return false; }
   };
   // Opens a file for reading. Returns: its handle; EROFS for write access, EISDIR, EINVAL (not
   // a regular file), NotFound.
@@ -119,6 +125,64 @@ class FileSystem {
     return absl::NotFoundError("this file system has no backing files");
   }
   virtual FsStats StatFs() = 0;
+
+  // ---- changes: only a writable volume's files and directories (cachefs/volume/) take them;
+  // the defaults answer EROFS (datasets are read-only) ----
+  // Creates and opens a file (O_CREAT). Returns: its entry and handle; EEXIST (O_EXCL), EROFS.
+  virtual absl::StatusOr<std::pair<Entry, std::unique_ptr<FileHandle>>> Create(
+      uint64_t /*parent*/, const std::string& /*name*/, uint32_t /*mode*/, int /*flags*/,
+      uint32_t /*uid*/, uint32_t /*gid*/) {
+    return ReadOnly();
+  }
+  virtual absl::StatusOr<Entry> MkDir(uint64_t /*parent*/, const std::string& /*name*/,
+                                      uint32_t /*mode*/, uint32_t /*uid*/, uint32_t /*gid*/) {
+    return ReadOnly();
+  }
+  virtual absl::Status Unlink(uint64_t /*parent*/, const std::string& /*name*/) {
+    return ReadOnly();
+  }
+  virtual absl::Status RmDir(uint64_t /*parent*/, const std::string& /*name*/) {
+    return ReadOnly();
+  }
+  // `flags`: RENAME_NOREPLACE or 0 (RENAME_EXCHANGE: EINVAL).
+  virtual absl::Status Rename(uint64_t /*parent*/, const std::string& /*name*/,
+                              uint64_t /*new_parent*/, const std::string& /*new_name*/,
+                              uint32_t /*flags*/) {
+    return ReadOnly();
+  }
+  // Writes at `offset` of a file opened for writing. Returns: bytes written; EBADF (not open
+  // for writing), ENOSPC, EIO.
+  virtual absl::StatusOr<size_t> Write(uint64_t /*ino*/, FileHandle* /*handle*/,
+                                       uint64_t /*offset*/, const char* /*data*/, size_t /*size*/) {
+    return ReadOnly();
+  }
+  // close() (FLUSH) and fsync: return when what was written through `handle` is committed as
+  // the volume promises (volume_fs.h). Ok for a handle with nothing written.
+  virtual absl::Status Flush(uint64_t /*ino*/, FileHandle* /*handle*/) { return absl::OkStatus(); }
+  virtual absl::Status Fsync(uint64_t /*ino*/, FileHandle* /*handle*/) { return absl::OkStatus(); }
+  struct SetAttrs {
+    std::optional<uint64_t> size;
+    std::optional<uint32_t> mode;
+    std::optional<int64_t> mtime_ns;
+    std::optional<uint32_t> uid, gid;
+  };
+  // `handle`: the open file the change came through, if any. Returns: the new attributes.
+  virtual absl::StatusOr<Entry> SetAttr(uint64_t /*ino*/, FileHandle* /*handle*/,
+                                        const SetAttrs& /*attrs*/) {
+    return ReadOnly();
+  }
+  // An extended attribute (a volume file's `user.ember.state`). Returns: its value; ENODATA.
+  virtual absl::StatusOr<std::string> GetXattr(uint64_t /*ino*/, const std::string& /*name*/) {
+    return NoData();
+  }
+  // Whether `ino` may be changed (ACCESS with W_OK).
+  virtual bool Writable(uint64_t /*ino*/) { return false; }
+
+ protected:
+  static absl::Status ReadOnly() {
+    return ErrnoStatus(EROFS, "read-only: datasets cannot be changed (volumes can)");
+  }
+  static absl::Status NoData() { return ErrnoStatus(ENODATA, "no such attribute"); }
 };
 
 }  // namespace ember::cachefs

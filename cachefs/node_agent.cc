@@ -25,6 +25,8 @@
 #include "cachefs/namespace.h"
 #include "cachefs/prefetch.h"
 #include "cachefs/repair.h"
+#include "cachefs/volume/volume_fs.h"
+#include "cachefs/volume/volume_store.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/units.h"
@@ -37,7 +39,7 @@ namespace ember::cachefs {
 // cache files.
 class CacheBlockSource final : public transport::BlockSource {
  public:
-  explicit CacheBlockSource(BlockCache* cache) : cache_(cache) {}
+  CacheBlockSource(BlockCache* cache, VolumeStore* volumes) : cache_(cache), volumes_(volumes) {}
   // Set once the read path exists (the server starts before it); it outlives the server.
   void SetReadPath(ReadPath* read_path) { read_path_ = read_path; }
   std::optional<Block> Get(const BlockAddr& addr) override {
@@ -61,7 +63,14 @@ class CacheBlockSource final : public transport::BlockSource {
       }
     }
     auto hold = cache_->Acquire(addr);
-    if (!hold) return std::nullopt;
+    if (!hold) {
+      // A volume file's contents (the address's dataset id is the volume's): served from the
+      // node's copy; the receiver checks every block against meta's checksums.
+      auto v = volumes_->GetBlock(addr);
+      if (!v) return std::nullopt;
+      from_file->Inc();
+      return Block{nullptr, v->whole->fd, v->offset, v->length, v->checksum, v->whole};
+    }
     // Never offer a block the cache cannot vouch for: a bad one is quarantined here (NotFound
     // to the peer, which tries another holder) and refilled.
     if (!cache_->PrepareSend(*hold).ok()) return std::nullopt;
@@ -71,6 +80,7 @@ class CacheBlockSource final : public transport::BlockSource {
 
  private:
   BlockCache* cache_;
+  VolumeStore* volumes_;
   std::atomic<ReadPath*> read_path_{nullptr};
 };
 
@@ -152,7 +162,8 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     // The predecessor's peer port, still listening: peers that connected meanwhile are served.
     to.listen_fd = std::exchange((*inherited)->peer_listen_fd, -1);
   }
-  a->block_source_ = std::make_unique<CacheBlockSource>(a->cache_.get());
+  a->volume_store_ = std::make_unique<VolumeStore>(options.cache_dir + "/volumes");
+  a->block_source_ = std::make_unique<CacheBlockSource>(a->cache_.get(), a->volume_store_.get());
   auto server = transport::StartBlockServer(options.listen, a->block_source_.get(), to);
   if (!server.ok()) {
     return absl::FailedPreconditionError(
@@ -191,7 +202,10 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->repairer_ = std::make_unique<Repairer>(a->namespace_.get(), a->read_path_.get());
   a->cache_->SetQuarantineListener(
       [r = a->repairer_.get()](const BlockAddr& addr) { r->Enqueue(addr); });
-  a->fs_ = std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get());
+  a->volume_fs_ = std::make_unique<VolumeFs>(a->meta_.get(), a->volume_store_.get(),
+                                             a->transport_.get(), a->options_.node_id);
+  a->fs_ =
+      std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(), a->volume_fs_.get());
   a->prefetch_ = std::make_unique<PrefetchRunner>(
       a->options_.node_id, a->namespace_.get(), a->read_path_.get(), a->cache_.get(),
       a->meta_.get(), options.prefetch_owner_grace, [p = a.get()] { p->ReportLocationsNow(); });
@@ -263,6 +277,7 @@ NodeAgent::~NodeAgent() {
   if (handover_ && handover_->Requested()) {
     // Close everything the successor opens (cache index, ports), then hand the mount over.
     fs_.reset();
+    volume_fs_.reset();
     namespace_.reset();
     read_path_.reset();
     peers_.reset();
@@ -270,6 +285,7 @@ NodeAgent::~NodeAgent() {
     transport_.reset();
     block_server_.reset();
     block_source_.reset();
+    volume_store_.reset();
     cache_.reset();
     manifests_.reset();
     directory_.reset();

@@ -3,7 +3,8 @@
 //
 // The agent opens the block cache (cache/), serves its blocks to peers (transport/), fills
 // misses from peers before the origin (fetch/), and serves datasets through a FUSE mount
-// (fuse/, over DatasetFs and the Namespace). Besides startup wiring (this file) it reports to
+// (fuse/, over DatasetFs and the Namespace) beside writable volumes for checkpoints (volume/,
+// whose inodes DatasetFs hands to VolumeFs). Besides startup wiring (this file) it reports to
 // meta (agent_reports.h), exports its figures (agent_metrics.h) and hands its mount over to a
 // successor (agent_handover.h). Subfolders must not include this level (dataset_fs.h,
 // namespace.h, prefetch.h, node_agent.h); fuse/ sees files only through filesystem.h.
@@ -51,6 +52,8 @@ class PrefetchRunner;
 class ReadPath;
 class Repairer;
 class Scrubber;
+class VolumeFs;
+class VolumeStore;
 
 struct NodeOptions {
   std::string meta_address;
@@ -131,6 +134,7 @@ class NodeAgent {
   std::unique_ptr<BlockCache> cache_;
   std::unique_ptr<Scrubber> scrubber_;
   std::unique_ptr<origin::Origin> origin_;
+  std::unique_ptr<VolumeStore> volume_store_;  // before block_source_: it serves from it
   std::unique_ptr<CacheBlockSource> block_source_;
   std::unique_ptr<transport::BlockServer> block_server_;
   int released_listener_ = -1;  // the peer port, still listening, for a successor
@@ -140,6 +144,7 @@ class NodeAgent {
   std::unique_ptr<ReadPath> read_path_;
   std::unique_ptr<ManifestCache> manifests_;
   std::unique_ptr<Namespace> namespace_;
+  std::unique_ptr<VolumeFs> volume_fs_;
   std::unique_ptr<DatasetFs> fs_;
   std::unique_ptr<PrefetchRunner> prefetch_;
   std::unique_ptr<MountBinding> mount_;

@@ -34,6 +34,25 @@ struct MetaCredentials {
   std::string tls_ca_file;  // PEM CA bundle; set = connect with TLS and verify meta against it
 };
 
+// Volumes (meta/volumes.h): the version field of a volume block's address (a volume's id is
+// never a dataset's), and the inode of a volume's root.
+inline constexpr uint32_t kVolumeDataVersion = 1;
+inline constexpr uint64_t kVolumeRootIno = 1;
+
+// A volume file's state as `ember volume status` and `user.ember.state` show it.
+inline const char* VolumeStateName(rpc::VolumeInode::State s) {
+  switch (s) {
+    case rpc::VolumeInode::LOCAL:
+      return "local";
+    case rpc::VolumeInode::REPLICATED:
+      return "replicated";
+    case rpc::VolumeInode::PERSISTED:
+      return "persisted";
+    default:
+      return "empty";
+  }
+}
+
 // A block address on the wire and back.
 inline rpc::BlockAddr ToProto(const BlockAddr& a) {
   rpc::BlockAddr b;

@@ -1,9 +1,10 @@
 // meta/: the metadata service. This header is its front door: `ember meta` and `ember up` start
 // a MetaServer; everything else talks to meta through meta_client.h.
 //
-// meta/ owns datasets and their manifests, block checksums, nodes and leases, block locations,
-// prefetch jobs, training jobs and their placement, and the HTTP surface (status page, extender,
-// /metrics). It reads origins only to list them (origin/), and never includes cachefs/.
+// meta/ owns datasets and their manifests, writable volumes' namespaces, block checksums, nodes
+// and leases, block locations, prefetch jobs, training jobs and their placement, and the HTTP
+// surface (status page, extender, /metrics). It reads origins only to list them (origin/), and
+// never includes cachefs/.
 //
 // The service is a set of units, each owning one kind of state behind one mutex:
 //   DatasetCatalog (catalog.h)        datasets, versions, manifests, version geometry
@@ -12,6 +13,7 @@
 //   LocationIndex  (location_index.h)  who holds which block; Locate; resident bytes
 //   PrefetchJobs   (prefetch_jobs.h)   cluster prefetches
 //   JobService     (job_service.h)     training jobs, queue, placement (pure logic: scheduler.h)
+//   VolumeCatalog  (volumes.h)         writable volumes: their trees, write leases, commits
 //   StatusSurface  (status_surface.h)  HTTP: status page and API, extender, /metrics
 //   MetaService    (meta_service.h)    gRPC: translates, checks the token; no state
 // Replicas (docs/meta-ha.md): MetaMember (member.h) runs one of several `ember meta

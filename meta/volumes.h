@@ -39,14 +39,10 @@
 #include "absl/synchronization/mutex.h"
 #include "meta/catalog.h"
 #include "meta/meta.pb.h"
+#include "meta/meta_client.h"  // kVolumeDataVersion, kVolumeRootIno
 #include "meta/store.h"
 
 namespace ember::meta {
-
-// The version field of a volume block's address (datasets' versions start at 1 too, but a
-// volume's id is never a dataset's).
-inline constexpr uint32_t kVolumeDataVersion = 1;
-inline constexpr uint64_t kVolumeRootIno = 1;
 
 class VolumeCatalog {
  public:

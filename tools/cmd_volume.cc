@@ -23,19 +23,6 @@ json VolumeJson(const rpc::Volume& v) {
               {"created_unix_ms", v.created_unix_ms()}};
 }
 
-const char* StateName(rpc::VolumeInode::State s) {
-  switch (s) {
-    case rpc::VolumeInode::LOCAL:
-      return "local";
-    case rpc::VolumeInode::REPLICATED:
-      return "replicated";
-    case rpc::VolumeInode::PERSISTED:
-      return "persisted";
-    default:
-      return "empty";
-  }
-}
-
 std::string Holders(const rpc::VolumeInode& n) {
   std::string out;
   for (const auto& h : n.holders()) absl::StrAppend(&out, out.empty() ? "" : ",", h);
@@ -128,7 +115,7 @@ void AddVolumeCommand(CLI::App& app) {
           for (const auto& h : f.holders()) holders.push_back(h);
           files.push_back(json{{"path", f.name()},
                                {"size", f.size()},
-                               {"state", StateName(f.state())},
+                               {"state", meta::VolumeStateName(f.state())},
                                {"holders", holders},
                                {"writer", f.writer()},
                                {"generation", f.generation()}});
@@ -141,8 +128,8 @@ void AddVolumeCommand(CLI::App& app) {
       }
       std::vector<std::vector<std::string>> rows{{"PATH", "SIZE", "STATE", "HOLDERS", "WRITER"}};
       for (const auto& f : r->files()) {
-        rows.push_back({f.name(), FormatBytes(f.size()), StateName(f.state()), Holders(f),
-                        f.writer().empty() ? "-" : f.writer()});
+        rows.push_back({f.name(), FormatBytes(f.size()), meta::VolumeStateName(f.state()),
+                        Holders(f), f.writer().empty() ? "-" : f.writer()});
       }
       PrintTable(rows);
       std::cout << "\n"

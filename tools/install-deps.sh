@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libxxhash-dev libgoogle-perftools-dev
   libibverbs-dev rdma-core
-  libgtest-dev libgmock-dev python3
+  libgtest-dev libgmock-dev python3 python3-torch
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libspdlog-dev
   procps psmisc bc openssl util-linux clang
   prometheus chromium systemd curl libcurl4-openssl-dev nginx-light

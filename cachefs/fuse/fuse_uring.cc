@@ -66,8 +66,28 @@ size_t OpArgSize(uint32_t opcode) {
       return sizeof(fuse_release_in);
     case FUSE_ACCESS:
       return sizeof(fuse_access_in);
+    // Volumes' changes: the op header here, names and written bytes in the payload.
+    case FUSE_CREATE:
+      return sizeof(fuse_create_in);
+    case FUSE_MKDIR:
+      return sizeof(fuse_mkdir_in);
+    case FUSE_RENAME:
+      return sizeof(fuse_rename_in);
+    case FUSE_RENAME2:
+      return sizeof(fuse_rename2_in);
+    case FUSE_WRITE:
+      return sizeof(fuse_write_in);
+    case FUSE_FLUSH:
+      return sizeof(fuse_flush_in);
+    case FUSE_FSYNC:
+      return sizeof(fuse_fsync_in);
+    case FUSE_SETATTR:
+      return sizeof(fuse_setattr_in);
+    case FUSE_GETXATTR:
+      return sizeof(fuse_getxattr_in);
     default:
-      return 0;  // none (LOOKUP, READLINK, STATFS), or not parsed (answered EROFS/ENOSYS)
+      // None (LOOKUP, UNLINK, RMDIR, READLINK, STATFS), or not parsed (answered EROFS/ENOSYS).
+      return 0;
   }
 }
 

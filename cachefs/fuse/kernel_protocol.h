@@ -30,11 +30,12 @@ class Histogram;
 
 namespace ember::cachefs {
 
-inline constexpr int kNotifyResend = 7;            // FUSE_NOTIFY_RESEND (7.40): requeue requests
-inline constexpr uint32_t kOurMinor = 40;          // what we speak: 7.40 (passthrough)
-inline constexpr uint32_t kMaxPages = 256;         // 1 MiB read requests
-inline constexpr size_t kRequestBuffer = 1 << 17;  // a request: headers + a name; no writes come
+inline constexpr int kNotifyResend = 7;     // FUSE_NOTIFY_RESEND (7.40): requeue requests
+inline constexpr uint32_t kOurMinor = 40;   // what we speak: 7.40 (passthrough)
+inline constexpr uint32_t kMaxPages = 256;  // 1 MiB read requests
 inline constexpr size_t kMaxRead = kMaxPages * 4096;
+// A request: headers and a name, or a volume write of up to kMaxRead bytes (max_write).
+inline constexpr size_t kRequestBuffer = kMaxRead + 4096;
 
 // fuse_init_out and fuse_open_out as of 7.40 (the older header calls the new fields unused).
 struct InitOut {

@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Mount(FileSystem* fs,
   k->fs_ = fs;
   k->options_ = options;
   static const fuse_lowlevel_ops kNoOps = {};  // we read /dev/fuse ourselves
-  auto session = MountSession(mountpoint, options, &kNoOps, nullptr, &k->mountpoint_);
+  auto session = MountSession(mountpoint, options, /*writable=*/!options.no_open, &kNoOps, nullptr,
+                              &k->mountpoint_);
   if (!session.ok()) return session.status();
   k->session_ = *session;
   k->fd_ = fuse_session_fd(k->session_);
@@ -131,7 +132,8 @@ bool KernelFuse::HandleInit() {
     offered |= static_cast<uint64_t>(in->flags2) << 32;
   }
   uint64_t want = (options_.readdirplus ? FUSE_DO_READDIRPLUS : 0) | FUSE_ASYNC_READ |
-                  FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES | FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT;
+                  FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES | FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT |
+                  FUSE_BIG_WRITES | FUSE_ATOMIC_O_TRUNC;
   if (options_.direct_io) want |= FUSE_ASYNC_DIO | FUSE_DIRECT_IO_ALLOW_MMAP;
   if (options_.passthrough && !options_.no_open) want |= FUSE_PASSTHROUGH;
   if (options_.fuse_uring) want |= kFuseOverIoUring;
@@ -145,7 +147,7 @@ bool KernelFuse::HandleInit() {
   out.flags2 = static_cast<uint32_t>(flags >> 32);
   out.max_background = 64;
   out.congestion_threshold = 48;
-  out.max_write = 4096;  // read-only: no writes come
+  out.max_write = kMaxRead;  // volumes take writes (datasets answer EROFS)
   out.time_gran = 1;
   out.max_pages = kMaxPages;
   const bool passthrough = (flags & FUSE_PASSTHROUGH) != 0;

@@ -267,7 +267,7 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::Mount(FileSystem* fs,
   m->fs_ = fs;
   m->options_ = options;
   g_readdirplus = options.readdirplus;
-  auto session = MountSession(mountpoint, options, &kOps, fs, &m->mountpoint_);
+  auto session = MountSession(mountpoint, options, /*writable=*/false, &kOps, fs, &m->mountpoint_);
   if (!session.ok()) return session.status();
   m->session_ = *session;
   spdlog::info("mount: serving datasets at {} (libfuse)", m->mountpoint_);

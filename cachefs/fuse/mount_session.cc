@@ -98,7 +98,7 @@ absl::Status PrepareMountpoint(const std::string& mountpoint) {
 }
 
 absl::StatusOr<fuse_session*> MountSession(const std::string& mountpoint,
-                                           const MountOptions& options,
+                                           const MountOptions& options, bool writable,
                                            const fuse_lowlevel_ops* ops, void* userdata,
                                            std::string* resolved_mp) {
   char resolved[PATH_MAX];
@@ -112,8 +112,9 @@ absl::StatusOr<fuse_session*> MountSession(const std::string& mountpoint,
   std::string mp = resolved;
   absl::Status prep = PrepareMountpoint(mp);
   if (!prep.ok()) return prep;
-  std::vector<std::string> args = {"ember", "-o",
-                                   "ro,default_permissions,fsname=ember,subtype=ember"};
+  std::vector<std::string> args = {
+      "ember", "-o",
+      absl::StrCat(writable ? "rw" : "ro", ",default_permissions,fsname=ember,subtype=ember")};
   if (options.allow_other) {
     args.push_back("-o");
     args.push_back("allow_other");

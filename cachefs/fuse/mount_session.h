@@ -16,11 +16,13 @@ class Histogram;
 
 namespace ember::cachefs {
 
-// Mounts read-only at `mountpoint` through libfuse (fusermount3 when not root) and returns the
-// session; `ops` may be empty when the caller reads /dev/fuse itself. *resolved is the absolute
-// mountpoint. Returns: the errors of PrepareMountpoint; FailedPrecondition (cannot mount).
+// Mounts at `mountpoint` through libfuse (fusermount3 when not root) and returns the session;
+// `ops` may be empty when the caller reads /dev/fuse itself. `writable`: read-write (the kernel
+// binding, which serves volumes' changes; datasets answer EROFS), else read-only (libfuse
+// binding). *resolved is the absolute mountpoint. Returns: the errors of PrepareMountpoint;
+// FailedPrecondition (cannot mount).
 absl::StatusOr<fuse_session*> MountSession(const std::string& mountpoint,
-                                           const MountOptions& options,
+                                           const MountOptions& options, bool writable,
                                            const ::fuse_lowlevel_ops* ops, void* userdata,
                                            std::string* resolved);
 // Detaches a mount (umount2 MNT_DETACH, or fusermount3 -u -z when not root).

@@ -84,9 +84,25 @@ size_t OpenFiles::Restore(const KernelFuseState& state) {
   return held;
 }
 
+void OpenFiles::Adopt(uint64_t ino, std::unique_ptr<FileSystem::FileHandle> handle, Opened* out) {
+  absl::MutexLock lock(&mu_);
+  OpenRecord o;
+  o.ino = ino;
+  o.handle = std::move(handle);
+  out->open_flags = 0;  // no FOPEN_KEEP_CACHE: contents may have changed since the last open
+  out->backing_id = 0;
+  out->fh = next_fh_++;
+  opens_[out->fh] = std::move(o);
+  daemon_opens_++;
+}
+
 int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
   auto h = fs_->Open(ino, flags);
   if (!h.ok()) return ToErrno(h.status());
+  if ((*h)->Volatile()) {
+    Adopt(ino, std::move(*h), out);
+    return 0;
+  }
   std::shared_ptr<FileSystem::FileHandle> handle = std::move(*h);
   // Passthrough while no open file of this inode goes through us (the kernel refuses to mix the
   // two on one inode), and only for files whose blocks are all resident (then held). Holding
@@ -145,8 +161,8 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
     if (in.backing_id > 0) {
       o.passthrough = true;
       in.passthrough_opens++;
-      in.idle_since = {};  // in use again: no longer lingering
-      out->open_flags = FOPEN_PASSTHROUGH;
+      in.idle_since = {};                                   // in use again: no longer lingering
+      out->open_flags = FOPEN_PASSTHROUGH | FOPEN_NOFLUSH;  // read-only: nothing to flush
       out->backing_id = in.backing_id;
     }
   }
@@ -157,8 +173,10 @@ int OpenFiles::Open(uint64_t ino, int flags, Opened* out) {
     // yet wholly cached is read without the mount's page cache: the reply lands in the reader's
     // buffer. Off by default: it also turns off the kernel's readahead, so a reader with 4-8 KiB
     // reads makes one round trip per read. Needs the kernel's mmap support for such files.
+    // Nothing to flush at close (FOPEN_NOFLUSH): read-only.
     out->open_flags =
-        direct_io_ && passthrough_ && direct_io_mmap_ ? FOPEN_DIRECT_IO : FOPEN_KEEP_CACHE;
+        (direct_io_ && passthrough_ && direct_io_mmap_ ? FOPEN_DIRECT_IO : FOPEN_KEEP_CACHE) |
+        FOPEN_NOFLUSH;
     o.handle = std::move(handle);
     daemon_opens_++;
   } else {
@@ -220,7 +238,10 @@ void OpenFiles::Release(uint64_t fh) {
   handle = std::move(o.handle);
   auto in = inodes_.find(o.ino);
   if (in == inodes_.end()) {
-    if (supervisor_ >= 0) SendOpenUpdate(supervisor_, false, {fh, o.ino, o.passthrough}, 0);
+    const bool reported = handle == nullptr || !handle->Volatile();  // Adopt reports none
+    if (supervisor_ >= 0 && reported) {
+      SendOpenUpdate(supervisor_, false, {fh, o.ino, o.passthrough}, 0);
+    }
     return;
   }
   if (o.passthrough) {

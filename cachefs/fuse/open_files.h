@@ -79,8 +79,14 @@ class OpenFiles {
     uint32_t open_flags = 0;
     int32_t backing_id = 0;
   };
-  // Opens `ino` for reading. Returns: 0 and *out, or the errno to answer.
+  // Opens `ino` (for writing only a volume's files: FileSystem::Open refuses the rest).
+  // Returns: 0 and *out, or the errno to answer.
   int Open(uint64_t ino, int flags, Opened* out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers a handle the FileSystem opened itself (CREATE). Volatile handles (volume files)
+  // are served by this process without passthrough, without keeping the page cache of an
+  // earlier open, and are not reported to a supervisor (a successor cannot continue a write).
+  void Adopt(uint64_t ino, std::unique_ptr<FileSystem::FileHandle> handle, Opened* out)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Returns: the FileSystem's handle of an open file; nullptr if the file is unknown or read
   // through passthrough.
   std::shared_ptr<FileSystem::FileHandle> Handle(uint64_t fh) ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,0 +1,112 @@
+#!/bin/bash
+# bench_ckpt.sh BUILD [--json]: checkpoints (#23) shaped like MLPerf Storage's checkpointing case,
+# end to end through the mounts of two node processes, beside the machine's ceilings measured in
+# the same run. Not a test. Part of `make bench` (bench.sh). RANKS (default 4) shards of SHARD_MIB
+# (default 512) MiB each, from a random source in the page cache:
+#   save      RANKS writers at once, each `dd bs=1M conv=fsync` into /MOUNT/ckpt/step/rankN.pt on
+#             node a (a volume with --replicas 1), then the directory renamed: wall time until the
+#             last writer's close returned (the data is committed: synced, checksummed, in meta);
+#   local     the same writers into a directory of this disk (the ceiling: what the writers get
+#             with no Ember; the origin directory is on this disk too, so writing straight to the
+#             origin is the same figure);
+#   restore   node b (empty cache), page cache dropped on the machine: RANKS readers read every
+#             shard at once (copied from node a over the peer transport, each block checked);
+#   ceilings  raw TCP over loopback (peer_bench), the shards read from this disk with the page
+#             cache dropped (RANKS readers), RANKS O_DIRECT writers of the same bytes.
+# Writes a markdown table to stdout and one JSON object per figure to $BUILD/bench/ckpt.json.
+set -euo pipefail
+. "$(dirname "$0")/common.sh"
+bench_init bench_ckpt ckpt "${1:-}" "${2:-}"
+RANKS=${RANKS:-4}
+SHARD_MIB=${SHARD_MIB:-512}
+BYTES=$((RANKS * SHARD_MIB << 20))
+trap stop_all EXIT
+PORT=$((20000 + RANDOM % 20000))
+: > "$OUT/ckpt.json"
+
+stop_all
+rm -rf "$WORK/a" "$WORK/b" "$WORK/meta" "$WORK/upload" "$WORK/local"
+mkdir -p "$WORK/upload" "$WORK/local"
+[ -f "$WORK/src" ] || "$B/read_bench" gen "$WORK/src" $((SHARD_MIB << 20)) 11 > /dev/null
+
+"$B/ember" meta --listen "127.0.0.1:$PORT" --data-dir "$WORK/meta" > "$WORK/meta.log" 2>&1 &
+PIDS+=($!)
+wait_for_log "$WORK/meta.log" "serving" "${PIDS[0]}"
+export EMBER_META=127.0.0.1:$PORT
+"$B/ember" volume add ckpt "$WORK/upload" > /dev/null
+start_node a 2 16GiB
+start_node b 3 16GiB
+
+mibs() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.0f", b / 1048576 / s }'; }
+writers() {  # DIR: RANKS dd writers of the source into DIR/rankN.pt with fsync; prints seconds
+  local t0 w=()
+  cat "$WORK/src" > /dev/null
+  t0=$(now)
+  for i in $(seq 0 $((RANKS - 1))); do
+    dd if="$WORK/src" of="$1/rank$i.pt" bs=1M conv=fsync status=none &
+    w+=($!)
+  done
+  wait "${w[@]}"
+  secs "$t0" "$(now)"
+}
+readers() {  # DIR: RANKS readers of DIR/rankN.pt at once; prints seconds
+  local t0 w=()
+  t0=$(now)
+  for i in $(seq 0 $((RANKS - 1))); do
+    cat "$1/rank$i.pt" > /dev/null &
+    w+=($!)
+  done
+  wait "${w[@]}"
+  secs "$t0" "$(now)"
+}
+
+say "local disk: $RANKS writers of $SHARD_MIB MiB with fsync"
+sync
+LOCAL=$(writers "$WORK/local")
+say "Ember save through node a"
+mkdir "$WORK/a/mnt/ckpt/step.tmp"
+sync
+t0=$(now)
+SAVE_W=$(writers "$WORK/a/mnt/ckpt/step.tmp")
+mv "$WORK/a/mnt/ckpt/step.tmp" "$WORK/a/mnt/ckpt/step"
+SAVE=$(secs "$t0" "$(now)")
+say "restore on node b (page cache dropped)"
+drop_caches
+RESTORE=$(readers "$WORK/b/mnt/ckpt/step")
+for i in $(seq 0 $((RANKS - 1))); do
+  cmp -s "$WORK/src" "$WORK/b/mnt/ckpt/step/rank$i.pt" || { say "rank$i restored wrong"; exit 1; }
+done
+say "ceilings"
+drop_caches
+DISK_READ=$(readers "$WORK/local")
+t0=$(now)
+w=()
+for i in $(seq 0 $((RANKS - 1))); do
+  dd if="$WORK/src" of="$WORK/local/direct$i" bs=4M oflag=direct status=none &
+  w+=($!)
+done
+wait "${w[@]}"
+DIRECT=$(secs "$t0" "$(now)")
+TCP=$("$B/peer_bench" "$WORK/src" 1 1 2>/dev/null |
+  awk -F'|' '/raw TCP/ { sub(/.*: /, "", $4); print $4 + 0; exit }')
+rm -f "$WORK"/local/direct*
+
+CEIL_RESTORE=$(awk -v t="$TCP" -v d="$(mibs $BYTES "$DISK_READ")" 'BEGIN { print (t < d ? t : d) }')
+row() {  # KEY LABEL VALUE CEILING-LABEL CEILING
+  local ratio
+  ratio=$(awk -v a="$3" -v b="$5" 'BEGIN { printf "%.2f", a / b }')
+  echo "| $2 | $3 MiB/s | $4 | $5 MiB/s | ${ratio}x |"
+  echo "{\"case\":\"$1\",\"mib_s\":$3,\"ceiling_mib_s\":$5,\"ratio\":$ratio}" >> "$OUT/ckpt.json"
+}
+echo "Checkpoint: $RANKS ranks x $SHARD_MIB MiB, one run ($(date -u +%F))"
+echo
+echo "| case | Ember | ceiling | ceiling figure | ratio |"
+echo "| --- | --- | --- | --- | --- |"
+row save "save, --replicas 1 (writers' close, then rename)" "$(mibs $BYTES "$SAVE")" \
+  "local disk, same writers with fsync" "$(mibs $BYTES "$LOCAL")"
+row save-direct "save against O_DIRECT writers" "$(mibs $BYTES "$SAVE")" \
+  "$RANKS O_DIRECT writers" "$(mibs $BYTES "$DIRECT")"
+row restore "restore on a fresh node, $RANKS readers" "$(mibs $BYTES "$RESTORE")" \
+  "min(raw TCP, disk read)" "$CEIL_RESTORE"
+echo
+echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s, O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s, raw TCP $TCP MiB/s; Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s."

@@ -1,0 +1,559 @@
+#include "cachefs/volume/volume_fs.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_io.h"
+#include "common/status.h"
+
+namespace ember::cachefs {
+namespace {
+
+constexpr int64_t kListEveryMs = 2000;
+
+// The mount's inode layout (cachefs/namespace.h): id << 48 | view << 32 | number.
+uint64_t MakeIno(uint32_t vol, uint32_t view, uint64_t ino) {
+  return (static_cast<uint64_t>(vol) << 48) | (static_cast<uint64_t>(view & 0xffff) << 32) |
+         (ino & 0xffffffffull);
+}
+void SplitIno(uint64_t fuse_ino, uint32_t* vol, uint32_t* view, uint64_t* ino) {
+  *vol = static_cast<uint32_t>(fuse_ino >> 48);
+  *view = static_cast<uint32_t>((fuse_ino >> 32) & 0xffff);
+  *ino = fuse_ino & 0xffffffffull;
+}
+constexpr uint32_t kRenameNoreplace = 1;  // RENAME_NOREPLACE (linux/fs.h)
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// An open file of a volume. Read-only: the contents it opened (a later commit elsewhere is seen
+// by the next open). For writing: the staging file of the lease's contents id, committed by
+// Flush/Fsync; a write after a commit starts a new staging file from the committed contents.
+class VolumeFs::File final : public FileSystem::FileHandle {
+ public:
+  File(VolumeFs* fs, Ref at, uint64_t fuse_ino, uint64_t block_size)
+      : fs_(fs), at_(std::move(at)), fuse_ino_(fuse_ino), block_size_(block_size) {}
+  ~File() override;
+  bool Volatile() const override { return true; }
+
+  VolumeFs* const fs_;
+  const Ref at_;
+  const uint64_t fuse_ino_;
+  const uint64_t block_size_;
+  bool writable_ = false;
+
+  absl::Mutex mu_;
+  // Reading: the contents opened or last committed (null: empty).
+  std::shared_ptr<const VolumeStore::Whole> whole_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> checked_ ABSL_GUARDED_BY(mu_);  // per block of whole_
+  // Writing.
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // staging of writing_id_, or -1 (none yet)
+  uint64_t writing_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t whole_id_ ABSL_GUARDED_BY(mu_) = 0;  // the contents id whole_ holds
+  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t renewed_ms_ ABSL_GUARDED_BY(mu_) = NowMs();  // the lease was taken or renewed
+
+  // Renews the write lease when a third of it has passed (a long save outlives one lease).
+  absl::Status RenewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The staging file, made from the committed contents when a write follows a commit.
+  absl::Status StageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t SizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitLocked(bool keep_lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+};
+
+VolumeFs::File::~File() {
+  if (!writable_) return;
+  fs_->Forget(this);  // first: a stat of the inode no longer looks at this handle
+  {
+    absl::MutexLock lock(&mu_);
+    if (dirty_) {
+      // The kernel flushes at close before it releases, so this is a write whose flush failed:
+      // one more try, then the staging file goes.
+      if (absl::Status st = CommitLocked(/*keep_lease=*/false); !st.ok()) {
+        spdlog::error("volume {}: inode {} closed with writes that could not be committed: {}",
+                      at_.volume, at_.ino, std::string(st.message()));
+      }
+    }
+    if (fd_ >= 0) {
+      close(fd_);
+      fd_ = -1;
+      fs_->store_->Drop(at_.vol_id, writing_id_);
+    }
+  }
+  rpc::VolumeOpRequest rel;
+  rel.mutable_release()->set_ino(at_.ino);
+  rel.mutable_release()->set_node(fs_->node_id_);
+  if (auto r = fs_->Op(at_, rel); !r.ok()) {
+    spdlog::warn(
+        "volume {}: the write lease of inode {} was not given back ({}); it ends by "
+        "itself",
+        at_.volume, at_.ino, std::string(r.status().message()));
+  }
+}
+
+absl::Status VolumeFs::File::StageLocked() {
+  if (fd_ >= 0) return absl::OkStatus();
+  absl::StatusOr<int> fd = whole_ == nullptr
+                               ? fs_->store_->CreateStaging(at_.vol_id, writing_id_)
+                               : fs_->store_->CopyToStaging(at_.vol_id, whole_id_, writing_id_);
+  if (!fd.ok()) return fd.status();
+  fd_ = *fd;
+  return absl::OkStatus();
+}
+
+absl::Status VolumeFs::File::RenewLocked() {
+  constexpr int64_t kRenewEveryMs = 10'000;  // meta's lease: 30 s
+  if (NowMs() - renewed_ms_ < kRenewEveryMs) return absl::OkStatus();
+  rpc::VolumeOpRequest req;
+  req.mutable_open_write()->set_ino(at_.ino);
+  req.mutable_open_write()->set_node(fs_->node_id_);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, fs_->Op(at_, req));
+  if (r.inode().writing_file_id() != writing_id_) {
+    // The lease ran out and was taken (by another node, or anew): these writes cannot commit.
+    return ErrnoStatus(EIO, absl::StrCat("the write lease of '", r.inode().name(),
+                                         "' ran out while it was written"));
+  }
+  renewed_ms_ = NowMs();
+  return absl::OkStatus();
+}
+
+uint64_t VolumeFs::File::SizeLocked() {
+  struct stat st;
+  if (fd_ >= 0 && fstat(fd_, &st) == 0) return static_cast<uint64_t>(st.st_size);
+  return whole_ == nullptr ? 0 : whole_->size;
+}
+
+absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
+  if (!dirty_) return absl::OkStatus();
+  RETURN_IF_ERROR(StageLocked());
+  ASSIGN_OR_RETURN(std::vector<uint64_t> sums,
+                   fs_->store_->Seal(at_.vol_id, writing_id_, fd_, block_size_));
+  rpc::VolumeOpRequest req;
+  auto* c = req.mutable_commit();
+  c->set_ino(at_.ino);
+  c->set_node(fs_->node_id_);
+  c->set_file_id(writing_id_);
+  c->set_size(SizeLocked());
+  for (uint64_t s : sums) c->add_checksums(s);
+  c->add_holders(fs_->node_id_);
+  c->set_keep_lease(keep_lease);
+  absl::StatusOr<rpc::VolumeOpReply> r = fs_->Op(at_, req);
+  if (!r.ok()) return r.status();  // the staging file stays: a later flush tries again
+  close(fd_);
+  fd_ = -1;
+  whole_id_ = writing_id_;
+  writing_id_ = r->inode().writing_file_id();
+  renewed_ms_ = NowMs();
+  dirty_ = false;
+  auto w = fs_->store_->Open(at_.vol_id, whole_id_);
+  if (!w.ok()) return ErrnoStatus(EIO, std::string(w.status().message()));
+  whole_ = *w;
+  checked_.assign(whole_->sums.size(), true);  // just written and checksummed here
+  return absl::OkStatus();
+}
+
+// ---- the file system ----
+
+bool VolumeFs::IsVolumeIno(uint64_t ino) {
+  uint32_t ds, view;
+  uint64_t id;
+  SplitIno(ino, &ds, &view, &id);
+  return view == kView && ds != 0;
+}
+
+VolumeFs::VolumeFs(meta::MetaClient* meta, VolumeStore* store, transport::BlockTransport* transport,
+                   std::string node_id)
+    : meta_(meta), store_(store), transport_(transport), node_id_(std::move(node_id)) {}
+
+std::vector<rpc::Volume> VolumeFs::Volumes() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (listed_at_ms_ != 0 && NowMs() - listed_at_ms_ < kListEveryMs) return volumes_;
+  }
+  auto list = meta_->ListVolumes();
+  absl::MutexLock lock(&mu_);
+  if (list.ok()) volumes_ = std::move(*list);  // meta away: the last list stands
+  listed_at_ms_ = NowMs();
+  return volumes_;
+}
+
+Attr VolumeFs::VolumeRootAttr(const rpc::Volume& v) {
+  Attr a;
+  a.ino = MakeIno(v.id(), kView, meta::kVolumeRootIno);
+  a.mode = S_IFDIR | 0755;
+  a.nlink = 2;
+  a.mtime_ns = v.created_unix_ms() * 1'000'000;
+  return a;
+}
+
+absl::StatusOr<Entry> VolumeFs::LookupVolume(const std::string& name) {
+  for (const auto& v : Volumes()) {
+    if (v.name() == name) return GetAttr(VolumeRootAttr(v).ino);
+  }
+  return absl::NotFoundError(absl::StrCat("no volume '", name, "'"));
+}
+
+absl::StatusOr<VolumeFs::Ref> VolumeFs::Resolve(uint64_t fuse_ino) {
+  uint32_t ds, view;
+  uint64_t ino;
+  SplitIno(fuse_ino, &ds, &view, &ino);
+  for (int pass = 0; pass < 2; ++pass) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& v : volumes_) {
+        if (v.id() == ds) return Ref{ds, v.name(), ino};
+      }
+      if (pass == 1) break;
+      listed_at_ms_ = 0;  // an unknown id: ask meta again
+    }
+    Volumes();
+  }
+  return ErrnoStatus(ENOENT, absl::StrCat("no volume of id ", ds));
+}
+
+absl::StatusOr<rpc::VolumeOpReply> VolumeFs::Op(const Ref& at, rpc::VolumeOpRequest req) {
+  req.set_volume(at.volume);
+  absl::StatusOr<rpc::VolumeOpReply> r = meta_->VolumeOp(req);
+  if (!r.ok()) return VolumeErrno(r.status());
+  return r;
+}
+
+Entry VolumeFs::EntryOf(const Ref& at, const rpc::VolumeInode& n) {
+  Entry e;
+  e.timeout_s = 0;  // every node must see a commit at its next open: always ask meta
+  Attr& a = e.attr;
+  a.ino = MakeIno(at.vol_id, kView, n.ino());
+  a.mode = n.mode();
+  a.size = n.size();
+  a.nlink = n.type() == rpc::FileEntry::DIR ? 2 : 1;
+  a.uid = n.uid();
+  a.gid = n.gid();
+  a.mtime_ns = n.mtime_ns();
+  absl::MutexLock lock(&mu_);
+  // This node's writer knows a size meta does not yet.
+  for (auto [it, end] = writers_.equal_range(a.ino); it != end; ++it) {
+    File* f = it->second;
+    absl::MutexLock flock(&f->mu_);
+    a.size = f->SizeLocked();
+  }
+  return e;
+}
+
+void VolumeFs::Forget(File* f) {
+  absl::MutexLock lock(&mu_);
+  for (auto [it, end] = writers_.equal_range(f->fuse_ino_); it != end; ++it) {
+    if (it->second == f) {
+      writers_.erase(it);
+      return;
+    }
+  }
+}
+
+absl::StatusOr<Entry> VolumeFs::Lookup(uint64_t parent, const std::string& name) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
+  rpc::VolumeOpRequest req;
+  req.mutable_lookup()->set_parent(at.ino);
+  req.mutable_lookup()->set_name(name);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  return EntryOf(at, r.inode());
+}
+
+absl::StatusOr<Entry> VolumeFs::GetAttr(uint64_t ino) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
+  rpc::VolumeOpRequest req;
+  req.mutable_getattr()->set_ino(at.ino);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  return EntryOf(at, r.inode());
+}
+
+absl::Status VolumeFs::ReadDir(
+    uint64_t ino, uint64_t offset,
+    const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
+  // Offsets: 1 after ".", 2 after "..", 2 + i after the i-th entry of the listing (a checkpoint
+  // directory is small: the whole listing is read for each call).
+  std::vector<rpc::VolumeInode> entries;
+  rpc::VolumeInode self;
+  rpc::VolumeOpRequest req;
+  req.mutable_readdir()->set_ino(at.ino);
+  for (bool more = true; more;) {
+    ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+    self = r.inode();
+    more = r.more();
+    for (auto& e : *r.mutable_entries()) {
+      req.mutable_readdir()->set_after(e.name());
+      entries.push_back(std::move(e));
+    }
+  }
+  Attr me = EntryOf(at, self).attr, up = me;
+  if (offset < 1 && !fn(".", me, 1)) return absl::OkStatus();
+  if (offset < 2 && !fn("..", up, 2)) return absl::OkStatus();
+  for (uint64_t i = offset < 2 ? 0 : offset - 2; i < entries.size(); ++i) {
+    if (!fn(entries[i].name(), EntryOf(at, entries[i]).attr, i + 3)) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<VolumeFs::File>> VolumeFs::OpenForWrite(const Ref& at,
+                                                                       const rpc::VolumeInode& n,
+                                                                       uint64_t block_size,
+                                                                       bool truncate) {
+  const uint64_t fuse_ino = MakeIno(at.vol_id, kView, n.ino());
+  auto f = std::make_unique<File>(this, at, fuse_ino, block_size);
+  f->writable_ = true;
+  {
+    absl::MutexLock lock(&f->mu_);
+    f->writing_id_ = n.writing_file_id();
+    if (!truncate && n.file_id() != 0) {
+      ASSIGN_OR_RETURN(f->whole_, Local(at.vol_id, n, block_size));
+      f->whole_id_ = n.file_id();
+    }
+    RETURN_IF_ERROR(f->StageLocked());
+    // A truncation of contents is a change to commit; a new empty file is committed too, so
+    // that its creation is a commit like any other.
+    f->dirty_ = truncate || n.file_id() == 0;
+  }
+  absl::MutexLock lock(&mu_);
+  writers_.emplace(fuse_ino, f.get());
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> VolumeFs::Open(uint64_t ino, int flags) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
+  const bool write = (flags & O_ACCMODE) != O_RDONLY;
+  rpc::VolumeOpRequest req;
+  if (write) {
+    req.mutable_open_write()->set_ino(at.ino);
+    req.mutable_open_write()->set_node(node_id_);
+  } else {
+    req.mutable_getattr()->set_ino(at.ino);
+  }
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  const rpc::VolumeInode& n = r.inode();
+  if (n.type() == rpc::FileEntry::DIR) return ErrnoStatus(EISDIR, "is a directory");
+  if (write) {
+    auto f = OpenForWrite(at, n, r.block_size(), (flags & O_TRUNC) != 0);
+    if (!f.ok()) {
+      rpc::VolumeOpRequest rel;
+      rel.mutable_release()->set_ino(at.ino);
+      rel.mutable_release()->set_node(node_id_);
+      (void)Op(at, rel);
+      return f.status();
+    }
+    return std::unique_ptr<FileSystem::FileHandle>(std::move(*f));
+  }
+  auto f = std::make_unique<File>(this, at, ino, r.block_size());
+  if (n.file_id() != 0) {
+    ASSIGN_OR_RETURN(auto whole, Local(at.vol_id, n, r.block_size()));
+    absl::MutexLock lock(&f->mu_);
+    f->whole_ = std::move(whole);
+    f->whole_id_ = n.file_id();
+    f->checked_.assign(f->whole_->sums.size(), false);
+  }
+  return std::unique_ptr<FileSystem::FileHandle>(std::move(f));
+}
+
+absl::StatusOr<ReadResult> VolumeFs::Read(uint64_t ino, FileSystem::FileHandle* handle,
+                                          uint64_t offset, size_t size, char* buf) {
+  std::unique_ptr<FileSystem::FileHandle> own;
+  if (handle == nullptr) {  // opened before a restart: open it again for this read
+    ASSIGN_OR_RETURN(own, Open(ino, O_RDONLY));
+    handle = own.get();
+  }
+  File* f = static_cast<File*>(handle);
+  absl::MutexLock lock(&f->mu_);
+  ReadResult out;
+  int fd = f->fd_;
+  uint64_t file_size = f->SizeLocked();
+  if (fd < 0 && f->whole_ != nullptr) {
+    fd = f->whole_->fd;
+    // Bytes on disk are not trusted: each block is checked once by this handle.
+    const uint64_t bs = f->whole_->block_size;
+    const uint64_t end = std::min<uint64_t>(offset + size, file_size);
+    for (uint64_t b = offset / bs; offset < end && b * bs < end; ++b) {
+      if (b < f->checked_.size() && !f->checked_[b]) {
+        RETURN_IF_ERROR(
+            VolumeErrno(store_->CheckBlock(*f->whole_, f->at_.vol_id, f->whole_id_, b)));
+        f->checked_[b] = true;
+      }
+    }
+  }
+  if (fd < 0 || offset >= file_size) return out;
+  const size_t len = static_cast<size_t>(std::min<uint64_t>(size, file_size - offset));
+  if (!PreadFull(fd, offset, len, buf)) {
+    return ErrnoStatus(EIO, absl::StrCat("volume read: ", strerror(errno)));
+  }
+  out.segments.push_back({buf, len});
+  out.total = len;
+  return out;
+}
+
+absl::StatusOr<std::pair<Entry, std::unique_ptr<FileSystem::FileHandle>>> VolumeFs::Create(
+    uint64_t parent, const std::string& name, uint32_t mode, int flags, uint32_t uid,
+    uint32_t gid) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
+  rpc::VolumeOpRequest req;
+  auto* m = req.mutable_create();
+  m->set_parent(at.ino);
+  m->set_name(name);
+  m->set_mode(mode);
+  m->set_uid(uid);
+  m->set_gid(gid);
+  m->set_node(node_id_);
+  m->set_exclusive((flags & O_EXCL) != 0);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  Ref file{at.vol_id, at.volume, r.inode().ino()};
+  auto f = OpenForWrite(file, r.inode(), r.block_size(), (flags & O_TRUNC) != 0);
+  if (!f.ok()) {
+    rpc::VolumeOpRequest rel;
+    rel.mutable_release()->set_ino(file.ino);
+    rel.mutable_release()->set_node(node_id_);
+    (void)Op(file, rel);
+    return f.status();
+  }
+  Entry e = EntryOf(file, r.inode());
+  return std::make_pair(e, std::unique_ptr<FileSystem::FileHandle>(std::move(*f)));
+}
+
+absl::StatusOr<Entry> VolumeFs::MkDir(uint64_t parent, const std::string& name, uint32_t mode,
+                                      uint32_t uid, uint32_t gid) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
+  rpc::VolumeOpRequest req;
+  auto* m = req.mutable_mkdir();
+  m->set_parent(at.ino);
+  m->set_name(name);
+  m->set_mode(mode);
+  m->set_uid(uid);
+  m->set_gid(gid);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  return EntryOf(at, r.inode());
+}
+
+absl::Status VolumeFs::Unlink(uint64_t parent, const std::string& name) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
+  rpc::VolumeOpRequest req;
+  req.mutable_unlink()->set_parent(at.ino);
+  req.mutable_unlink()->set_name(name);
+  return Op(at, req).status();
+}
+
+absl::Status VolumeFs::RmDir(uint64_t parent, const std::string& name) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
+  rpc::VolumeOpRequest req;
+  req.mutable_rmdir()->set_parent(at.ino);
+  req.mutable_rmdir()->set_name(name);
+  return Op(at, req).status();
+}
+
+absl::Status VolumeFs::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
+                              const std::string& new_name, uint32_t flags) {
+  if ((flags & ~static_cast<uint32_t>(kRenameNoreplace)) != 0) {
+    return ErrnoStatus(EINVAL, "only RENAME_NOREPLACE is supported");
+  }
+  ASSIGN_OR_RETURN(Ref from, Resolve(parent));
+  ASSIGN_OR_RETURN(Ref to, Resolve(new_parent));
+  if (from.vol_id != to.vol_id) return ErrnoStatus(EXDEV, "rename across volumes");
+  rpc::VolumeOpRequest req;
+  auto* m = req.mutable_rename();
+  m->set_parent(from.ino);
+  m->set_name(name);
+  m->set_new_parent(to.ino);
+  m->set_new_name(new_name);
+  m->set_noreplace((flags & kRenameNoreplace) != 0);
+  return Op(from, req).status();
+}
+
+absl::StatusOr<size_t> VolumeFs::Write(uint64_t /*ino*/, FileSystem::FileHandle* handle,
+                                       uint64_t offset, const char* data, size_t size) {
+  auto* f = static_cast<File*>(handle);
+  if (f == nullptr || !f->writable_) return ErrnoStatus(EBADF, "not open for writing");
+  absl::MutexLock lock(&f->mu_);
+  RETURN_IF_ERROR(f->RenewLocked());
+  RETURN_IF_ERROR(f->StageLocked());
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = pwrite(f->fd_, data + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno == ENOSPC ? ENOSPC : EIO;
+      return ErrnoStatus(err, absl::StrCat("volume write: ", strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  f->dirty_ = true;
+  return done;
+}
+
+absl::Status VolumeFs::Commit(uint64_t /*ino*/, FileSystem::FileHandle* handle) {
+  auto* f = static_cast<File*>(handle);
+  if (f == nullptr || !f->writable_) return absl::OkStatus();
+  absl::MutexLock lock(&f->mu_);
+  return f->CommitLocked(/*keep_lease=*/true);
+}
+
+absl::StatusOr<Entry> VolumeFs::SetAttr(uint64_t ino, FileSystem::FileHandle* handle,
+                                        const FileSystem::SetAttrs& attrs) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
+  if (attrs.size) {
+    std::unique_ptr<FileSystem::FileHandle> own;
+    auto* f = static_cast<File*>(handle);
+    if (f == nullptr || !f->writable_) {  // truncate(2) of a file not open here
+      ASSIGN_OR_RETURN(own, Open(ino, O_WRONLY | (*attrs.size == 0 ? O_TRUNC : 0)));
+      f = static_cast<File*>(own.get());
+    }
+    absl::MutexLock lock(&f->mu_);
+    RETURN_IF_ERROR(f->StageLocked());
+    if (ftruncate(f->fd_, static_cast<off_t>(*attrs.size)) != 0) {
+      return ErrnoStatus(errno == ENOSPC ? ENOSPC : EIO, "volume truncate failed");
+    }
+    f->dirty_ = true;
+    if (own != nullptr) RETURN_IF_ERROR(f->CommitLocked(/*keep_lease=*/false));
+  }
+  if (attrs.mode || attrs.mtime_ns || attrs.uid || attrs.gid) {
+    rpc::VolumeOpRequest req;
+    auto* m = req.mutable_setattr();
+    m->set_ino(at.ino);
+    if (attrs.mode) {
+      m->set_set_mode(true);
+      m->set_mode(*attrs.mode);
+    }
+    if (attrs.mtime_ns) {
+      m->set_set_mtime(true);
+      m->set_mtime_ns(*attrs.mtime_ns);
+    }
+    if (attrs.uid || attrs.gid) {
+      ASSIGN_OR_RETURN(Entry now, GetAttr(ino));
+      m->set_set_owner(true);
+      m->set_uid(attrs.uid.value_or(now.attr.uid));
+      m->set_gid(attrs.gid.value_or(now.attr.gid));
+    }
+    RETURN_IF_ERROR(Op(at, req).status());
+  }
+  return GetAttr(ino);
+}
+
+absl::StatusOr<std::string> VolumeFs::GetXattr(uint64_t ino, const std::string& name) {
+  if (name != "user.ember.state") return ErrnoStatus(ENODATA, "no such attribute");
+  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
+  rpc::VolumeOpRequest req;
+  req.mutable_getattr()->set_ino(at.ino);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  if (r.inode().type() == rpc::FileEntry::DIR) return ErrnoStatus(ENODATA, "a directory");
+  return std::string(meta::VolumeStateName(r.inode().state()));
+}
+
+}  // namespace ember::cachefs

@@ -1,0 +1,120 @@
+// VolumeFs: the writable volumes of a node's mount (/MOUNT/NAME for each `ember volume add`),
+// the front door of cachefs/volume/. DatasetFs routes the root's volume names and every volume
+// inode here. Owns: the file-system operations on volumes, each open file's staging and commit,
+// and copying a file's contents from the nodes that hold them. Must not touch: datasets' cache
+// and fill pipeline, FUSE.
+//
+// How a write becomes visible (meta/volumes.h keeps the tree):
+//   open for writing   takes the file's write lease from meta (EBUSY while another node writes
+//                      it) and a new contents id; bytes go to a staging file of this node
+//                      (VolumeStore), never to contents another node may read.
+//   close / fsync      seal the staging file (synced, checksummed per block) and commit it in
+//                      meta: size, checksums, this node as holder. Only then, and at once, an
+//                      open anywhere sees the new contents (close-to-open); before, nobody does:
+//                      no torn or mixed file is ever visible.
+//   open elsewhere     asks meta for the inode (entries and attributes are never cached by the
+//                      kernel: timeouts 0) and, when this node lacks the contents, copies them
+//                      from a holder over the block transport, every block checked against the
+//                      checksums meta recorded at the commit.
+// Not built yet (docs/architecture.md, "Where this is going"): copies to `--replicas - 1` peers
+// before a commit (a file is committed with this node alone: state `local`), the upload to the
+// origin, restore from the origin, keeping open write handles across an agent restart.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cachefs/filesystem.h"
+#include "cachefs/volume/volume_store.h"
+#include "meta/meta_client.h"
+#include "transport/block_transport.h"
+
+namespace ember::cachefs {
+
+// Meta's answer as the errno a reader sees: its own errno, else ENOENT for NotFound and EIO for
+// the rest (meta away, ...).
+absl::Status VolumeErrno(const absl::Status& st);
+
+class VolumeFs {
+ public:
+  // Inodes of volumes: MakeIno(volume id, kView, inode in meta).
+  static constexpr uint32_t kView = 0xffff;
+  static bool IsVolumeIno(uint64_t ino);
+
+  // All must outlive this. `node_id`: this node as meta knows it (write leases, holders).
+  VolumeFs(meta::MetaClient* meta, VolumeStore* store, transport::BlockTransport* transport,
+           std::string node_id);
+
+  // The volumes at the root, refreshed from meta at most every couple of seconds.
+  std::vector<rpc::Volume> Volumes();
+  // The root entry of volume `name`. Returns: NotFound when there is no such volume.
+  absl::StatusOr<Entry> LookupVolume(const std::string& name);
+  static Attr VolumeRootAttr(const rpc::Volume& v);
+
+  absl::StatusOr<Entry> Lookup(uint64_t parent, const std::string& name);
+  absl::StatusOr<Entry> GetAttr(uint64_t ino);
+  absl::Status ReadDir(uint64_t ino, uint64_t offset,
+                       const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn);
+  absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> Open(uint64_t ino, int flags);
+  absl::StatusOr<ReadResult> Read(uint64_t ino, FileSystem::FileHandle* handle, uint64_t offset,
+                                  size_t size, char* buf);
+  absl::StatusOr<std::pair<Entry, std::unique_ptr<FileSystem::FileHandle>>> Create(
+      uint64_t parent, const std::string& name, uint32_t mode, int flags, uint32_t uid,
+      uint32_t gid);
+  absl::StatusOr<Entry> MkDir(uint64_t parent, const std::string& name, uint32_t mode, uint32_t uid,
+                              uint32_t gid);
+  absl::Status Unlink(uint64_t parent, const std::string& name);
+  absl::Status RmDir(uint64_t parent, const std::string& name);
+  absl::Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
+                      const std::string& new_name, uint32_t flags);
+  absl::StatusOr<size_t> Write(uint64_t ino, FileSystem::FileHandle* handle, uint64_t offset,
+                               const char* data, size_t size);
+  absl::Status Commit(uint64_t ino, FileSystem::FileHandle* handle);  // close and fsync
+  absl::StatusOr<Entry> SetAttr(uint64_t ino, FileSystem::FileHandle* handle,
+                                const FileSystem::SetAttrs& attrs);
+  absl::StatusOr<std::string> GetXattr(uint64_t ino, const std::string& name);
+
+ private:
+  class File;
+  friend class File;
+  struct Ref {  // a volume inode
+    uint32_t vol_id = 0;
+    std::string volume;  // its name, what meta's operations take
+    uint64_t ino = 0;    // in meta
+  };
+  absl::StatusOr<Ref> Resolve(uint64_t fuse_ino);
+  absl::StatusOr<rpc::VolumeOpReply> Op(const Ref& at, rpc::VolumeOpRequest req);
+  Entry EntryOf(const Ref& at, const rpc::VolumeInode& n);
+  // The contents of `n` on this disk, copied from a holder first if need be.
+  absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> Local(uint32_t vol,
+                                                                  const rpc::VolumeInode& n,
+                                                                  uint64_t block_size);
+  absl::StatusOr<std::string> PeerAddress(const std::string& node_id);
+  // A handle for writing `n` (whose lease this node holds): staging from empty or from its
+  // current contents.
+  absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const Ref& at, const rpc::VolumeInode& n,
+                                                     uint64_t block_size, bool truncate);
+  void Forget(File* f) ABSL_LOCKS_EXCLUDED(mu_);
+
+  meta::MetaClient* const meta_;
+  VolumeStore* const store_;
+  transport::BlockTransport* const transport_;
+  const std::string node_id_;
+
+  absl::Mutex mu_;
+  std::vector<rpc::Volume> volumes_ ABSL_GUARDED_BY(mu_);
+  int64_t listed_at_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::string> peers_ ABSL_GUARDED_BY(mu_);  // node id -> address
+  // Files this node has open for writing, by fuse inode: their size is the staging file's.
+  std::multimap<uint64_t, File*> writers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ember::cachefs

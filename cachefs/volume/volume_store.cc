@@ -1,0 +1,233 @@
+#include "cachefs/volume/volume_store.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_io.h"
+#include "common/status.h"
+
+namespace ember::cachefs {
+namespace {
+
+constexpr uint64_t kSumsMagic = 0x31736d7573766d65;  // "emvsums1"
+constexpr size_t kHeader = 24;
+constexpr size_t kCopyChunk = 4u << 20;
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  const int err = errno;
+  return ErrnoStatus(err == ENOSPC ? ENOSPC : EIO,
+                     absl::StrCat(what, " '", path, "': ", strerror(err)));
+}
+
+bool WriteFull(int fd, uint64_t offset, const char* buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = pwrite(fd, buf, len, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    buf += n;
+    len -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+void PutLe(std::string* s, uint64_t v) {
+  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t GetLe(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+}  // namespace
+
+VolumeStore::Whole::~Whole() {
+  if (fd >= 0) close(fd);
+}
+
+VolumeStore::VolumeStore(std::string dir) : dir_(std::move(dir)) {}
+
+std::string VolumeStore::PathOf(uint32_t vol, uint64_t file_id) const {
+  return absl::StrCat(dir_, "/", vol, "/", file_id);
+}
+
+absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Open(uint32_t vol,
+                                                                            uint64_t file_id) {
+  const std::string path = PathOf(vol, file_id);
+  int sfd = open((path + ".sums").c_str(), O_RDONLY | O_CLOEXEC);
+  if (sfd < 0) return absl::NotFoundError(absl::StrCat("contents ", file_id, " not here"));
+  struct stat st;
+  std::string sums;
+  if (fstat(sfd, &st) == 0 && st.st_size >= static_cast<off_t>(kHeader)) {
+    sums.resize(static_cast<size_t>(st.st_size));
+    if (!PreadFull(sfd, 0, sums.size(), sums.data())) sums.clear();
+  }
+  close(sfd);
+  auto w = std::make_shared<Whole>();
+  if (sums.size() < kHeader || GetLe(sums.data()) != kSumsMagic) {
+    return absl::DataLossError(absl::StrCat("'", path, ".sums' is not a checksum file"));
+  }
+  w->block_size = GetLe(sums.data() + 8);
+  w->size = GetLe(sums.data() + 16);
+  const uint64_t blocks = w->block_size == 0 ? 0 : (w->size + w->block_size - 1) / w->block_size;
+  if (w->block_size == 0 || sums.size() != kHeader + 8 * blocks) {
+    return absl::DataLossError(absl::StrCat("'", path, ".sums' does not match its header"));
+  }
+  for (uint64_t i = 0; i < blocks; ++i) w->sums.push_back(GetLe(sums.data() + kHeader + 8 * i));
+  w->fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (w->fd < 0) return absl::NotFoundError(absl::StrCat("'", path, "' is gone"));
+  if (fstat(w->fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != w->size) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is not ", w->size, " bytes"));
+  }
+  return std::shared_ptr<const Whole>(std::move(w));
+}
+
+absl::Status VolumeStore::CheckBlock(const Whole& w, uint32_t vol, uint64_t file_id,
+                                     uint64_t index) {
+  if (index >= w.sums.size()) return absl::OkStatus();
+  const uint64_t off = index * w.block_size;
+  const size_t len = static_cast<size_t>(std::min(w.block_size, w.size - off));
+  std::unique_ptr<char[]> buf(new char[len]);
+  if (PreadFull(w.fd, off, len, buf.get()) && BlockChecksum(buf.get(), len) == w.sums[index]) {
+    return absl::OkStatus();
+  }
+  spdlog::error(
+      "volume: block {} of contents {}/{} on disk does not match its checksum; the "
+      "copy is dropped",
+      index, vol, file_id);
+  const std::string path = PathOf(vol, file_id);
+  unlink((path + ".sums").c_str());
+  return absl::DataLossError(absl::StrCat("block ", index, " of '", path, "' is corrupt"));
+}
+
+absl::StatusOr<int> VolumeStore::CreateStaging(uint32_t vol, uint64_t file_id) {
+  std::error_code ec;
+  std::filesystem::create_directories(absl::StrCat(dir_, "/", vol), ec);
+  const std::string path = PathOf(vol, file_id);
+  unlink((path + ".sums").c_str());
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot create", path);
+  return fd;
+}
+
+absl::StatusOr<int> VolumeStore::CopyToStaging(uint32_t vol, uint64_t from, uint64_t to) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const Whole> src, Open(vol, from));
+  // The source is checked first: a bad block must not become part of new contents.
+  for (uint64_t i = 0; i < src->sums.size(); ++i) {
+    if (absl::Status st = CheckBlock(*src, vol, from, i); !st.ok()) {
+      return ErrnoStatus(EIO, std::string(st.message()));
+    }
+  }
+  ASSIGN_OR_RETURN(int fd, CreateStaging(vol, to));
+  std::unique_ptr<char[]> buf(new char[kCopyChunk]);
+  for (uint64_t off = 0; off < src->size; off += kCopyChunk) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kCopyChunk, src->size - off));
+    if (!PreadFull(src->fd, off, len, buf.get()) || !WriteFull(fd, off, buf.get(), len)) {
+      absl::Status st = Errno("cannot copy into", PathOf(vol, to));
+      close(fd);
+      return st;
+    }
+  }
+  return fd;
+}
+
+absl::Status VolumeStore::WriteSums(uint32_t vol, uint64_t file_id, uint64_t size,
+                                    uint64_t block_size, const std::vector<uint64_t>& sums,
+                                    bool sync) {
+  std::string data;
+  PutLe(&data, kSumsMagic);
+  PutLe(&data, block_size);
+  PutLe(&data, size);
+  for (uint64_t s : sums) PutLe(&data, s);
+  const std::string path = PathOf(vol, file_id) + ".sums";
+  const std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot create", tmp);
+  const bool ok = WriteFull(fd, 0, data.data(), data.size()) && (!sync || fdatasync(fd) == 0);
+  absl::Status st = ok ? absl::OkStatus() : Errno("cannot write", tmp);
+  close(fd);
+  if (st.ok() && rename(tmp.c_str(), path.c_str()) != 0) st = Errno("cannot rename", tmp);
+  if (st.ok() && sync) st = SyncPath(absl::StrCat(dir_, "/", vol));
+  if (!st.ok()) unlink(tmp.c_str());
+  return st;
+}
+
+absl::StatusOr<std::vector<uint64_t>> VolumeStore::Seal(uint32_t vol, uint64_t file_id, int fd,
+                                                        uint64_t block_size) {
+  const std::string path = PathOf(vol, file_id);
+  if (fdatasync(fd) != 0) return Errno("cannot sync", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno("cannot stat", path);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::vector<uint64_t> sums;
+  std::unique_ptr<char[]> buf(new char[block_size]);
+  for (uint64_t off = 0; off < size; off += block_size) {
+    const size_t len = static_cast<size_t>(std::min(block_size, size - off));
+    if (!PreadFull(fd, off, len, buf.get())) return Errno("cannot read", path);
+    sums.push_back(BlockChecksum(buf.get(), len));
+  }
+  RETURN_IF_ERROR(WriteSums(vol, file_id, size, block_size, sums, /*sync=*/true));
+  return sums;
+}
+
+absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
+    uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
+    const std::vector<uint64_t>& sums, const BlockReader& read_block) {
+  absl::MutexLock lock(&fetch_mu_);
+  if (auto have = Open(vol, file_id); have.ok()) return have;
+  const uint64_t blocks = (size + block_size - 1) / block_size;
+  if (sums.size() != blocks) {
+    return absl::InternalError(absl::StrCat("contents ", file_id, " of ", size, " bytes need ",
+                                            blocks, " checksums, have ", sums.size()));
+  }
+  ASSIGN_OR_RETURN(int fd, CreateStaging(vol, file_id));
+  std::unique_ptr<char[]> buf(new char[block_size]);
+  absl::Status st;
+  for (uint64_t i = 0; i < blocks && st.ok(); ++i) {
+    const uint64_t off = i * block_size;
+    const size_t len = static_cast<size_t>(std::min(block_size, size - off));
+    st = read_block(i, buf.get(), len);
+    if (st.ok() && BlockChecksum(buf.get(), len) != sums[i]) {
+      st = absl::DataLossError(absl::StrCat("block ", i, " of contents ", file_id,
+                                            " from a peer does not match its checksum"));
+    }
+    if (st.ok() && !WriteFull(fd, off, buf.get(), len))
+      st = Errno("cannot write", PathOf(vol, file_id));
+  }
+  close(fd);
+  // Not synced: a copy is not what a commit promised, and its reads check every block against
+  // `sums` (a copy torn by a power loss is dropped then and copied again).
+  if (st.ok()) st = WriteSums(vol, file_id, size, block_size, sums, /*sync=*/false);
+  if (!st.ok()) {
+    Drop(vol, file_id);
+    return st;
+  }
+  return Open(vol, file_id);
+}
+
+void VolumeStore::Drop(uint32_t vol, uint64_t file_id) {
+  const std::string path = PathOf(vol, file_id);
+  unlink((path + ".sums").c_str());
+  unlink(path.c_str());
+}
+
+std::optional<VolumeStore::Block> VolumeStore::GetBlock(const BlockAddr& addr) {
+  auto w = Open(addr.dataset_id, addr.file_id);
+  if (!w.ok() || addr.index >= (*w)->sums.size()) return std::nullopt;
+  Block b;
+  b.offset = addr.index * (*w)->block_size;
+  b.length = static_cast<uint32_t>(std::min((*w)->block_size, (*w)->size - b.offset));
+  b.checksum = (*w)->sums[addr.index];
+  b.whole = std::move(*w);
+  return b;
+}
+
+}  // namespace ember::cachefs

@@ -1,0 +1,92 @@
+// cachefs/volume/: writable volumes on a node (meta/volumes.h holds their namespace). Front door:
+// volume_fs.h (the FileSystem part the mount routes volume inodes to). This file: the node's
+// copies of volume file contents. Must not touch: datasets' cache (cache/), the fill pipeline
+// (fetch/), FUSE (fuse/).
+//
+// VolumeStore keeps one file per contents id (a commit's file_id, meta/volumes.h):
+//   DIR/<volume id>/<file id>        the bytes
+//   DIR/<volume id>/<file id>.sums   header (magic, block size, size) + XXH3-64 of each block
+// A contents id names bytes that never change once they are whole: `.sums` is written only after
+// the bytes are, by Seal (a writer's commit: bytes, `.sums` and directory synced) or by Fetch (a
+// copy from a peer, every block checked against meta's checksums; not synced: reads check every
+// block again, so a copy torn by a power loss is found and copied anew). A file without
+// `.sums` is a writer's staging file, or a copy that never finished (never served).
+//
+// Thread-safe: files are the state; concurrent Fetches of one contents id are serialized.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/ids.h"
+
+namespace ember::cachefs {
+
+class VolumeStore {
+ public:
+  explicit VolumeStore(std::string dir);
+
+  // Whole contents on this disk, open for reading. Blocks are checked against `sums` before
+  // they are served (CheckBlock): bytes on disk are not trusted.
+  struct Whole {
+    int fd = -1;
+    uint64_t size = 0;
+    uint64_t block_size = 0;
+    std::vector<uint64_t> sums;
+    ~Whole();
+  };
+  // Returns: the contents; NotFound when they are not whole here; DataLoss for a bad `.sums`.
+  absl::StatusOr<std::shared_ptr<const Whole>> Open(uint32_t vol, uint64_t file_id);
+  // Checks block `index` of `w` (reads it). Returns: Ok; DataLoss (the copy is dropped).
+  absl::Status CheckBlock(const Whole& w, uint32_t vol, uint64_t file_id, uint64_t index);
+
+  // A writer's staging file for `file_id`, created empty. Returns: the fd (the caller closes).
+  absl::StatusOr<int> CreateStaging(uint32_t vol, uint64_t file_id);
+  // A staging file for `to` holding a copy of whole contents `from` (a write after a commit,
+  // or an open for writing without O_TRUNC). Returns: the fd.
+  absl::StatusOr<int> CopyToStaging(uint32_t vol, uint64_t from, uint64_t to);
+  // Makes staging `file_id` whole: syncs its bytes, checksums each block, writes `.sums`.
+  // Returns: the checksums (one per block; none for an empty file); IO errors.
+  absl::StatusOr<std::vector<uint64_t>> Seal(uint32_t vol, uint64_t file_id, int fd,
+                                             uint64_t block_size);
+
+  // Copies whole contents from peers: `read_block(index, buf, len)` fills block `index`
+  // (len bytes); each block must match `sums`. Returns: the contents; the first block's error
+  // when no peer had it right (DataLoss for bytes that did not match).
+  using BlockReader = std::function<absl::Status(uint64_t index, char* buf, size_t len)>;
+  absl::StatusOr<std::shared_ptr<const Whole>> Fetch(uint32_t vol, uint64_t file_id, uint64_t size,
+                                                     uint64_t block_size,
+                                                     const std::vector<uint64_t>& sums,
+                                                     const BlockReader& read_block);
+
+  // Removes a contents id's files (staging or whole).
+  void Drop(uint32_t vol, uint64_t file_id);
+
+  // For the block server: block `addr` (its dataset id is the volume's) if whole here.
+  struct Block {
+    std::shared_ptr<const Whole> whole;
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    uint64_t checksum = 0;
+  };
+  std::optional<Block> GetBlock(const BlockAddr& addr);
+
+  std::string PathOf(uint32_t vol, uint64_t file_id) const;
+
+ private:
+  // `sync`: the file and the directory entry synced (a writer's commit), or not (a copy).
+  absl::Status WriteSums(uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
+                         const std::vector<uint64_t>& sums, bool sync);
+
+  const std::string dir_;
+  absl::Mutex fetch_mu_;  // one Fetch at a time (a second of the same id then finds it whole)
+};
+
+}  // namespace ember::cachefs

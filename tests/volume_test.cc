@@ -1,0 +1,282 @@
+// Writable volumes (checkpoints) on a real cluster: one `ember meta`, two `ember node` processes
+// on 127.0.0.x with their own caches and FUSE mounts; files written with plain POSIX calls (and
+// Debian's python3-torch when installed) through one mount and read through the other.
+#include <errno.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/testing.h"
+
+namespace ember {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::MetaProcess;
+using testing::NodeProcess;
+using testing::RunEmber;
+using testing::TempDir;
+
+constexpr size_t kMiB = 1 << 20;
+
+std::string Random(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& c : s) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  return s;
+}
+
+// Writes `data` to `path` through a mount as a checkpoint writer would: create, write in 1 MiB
+// pieces, fsync, close. Returns 0 or the errno of the first call that failed.
+int Save(const std::string& path, const std::string& data, bool fsync_it = true) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno;
+  for (size_t off = 0; off < data.size(); off += kMiB) {
+    const size_t len = std::min(kMiB, data.size() - off);
+    if (pwrite(fd, data.data() + off, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len)) {
+      int err = errno;
+      close(fd);
+      return err;
+    }
+  }
+  if (fsync_it && fsync(fd) != 0) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  return close(fd) == 0 ? 0 : errno;
+}
+
+// The whole file through a fresh open, or "<errno N>".
+std::string Load(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::StrCat("<errno ", errno, ">");
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      int err = errno;
+      close(fd);
+      return absl::StrCat("<errno ", err, ">");
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+class VolumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // The io_uring run (tests/CMakeLists.txt): NodeProcess adds --fuse-uring.
+    const char* uring = std::getenv("EMBER_TEST_FUSE_URING");
+    if (uring != nullptr && *uring == '1' && !testing::EnableFuseUring()) {
+      GTEST_SKIP() << "this kernel has no FUSE over io_uring";
+    }
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "2s");
+    fs::create_directories(dir_.Sub("upload"));
+    auto r = Ember({"volume", "add", "ckpt", dir_.Sub("upload"), "--block-size", "1MiB"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    a_ = Node("n1", 51);
+    b_ = Node("n2", 52);
+    ASSERT_TRUE(a_ && b_);
+  }
+
+  testing::RunResult Ember(std::vector<std::string> args) {
+    args.push_back("--meta");
+    args.push_back(meta_->address());
+    return RunEmber(args);
+  }
+
+  std::unique_ptr<NodeProcess> Node(const std::string& id, int host) {
+    NodeProcess::Options o;
+    o.id = id;
+    o.listen_host = absl::StrCat("127.0.0.", host);
+    auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
+    if (!n->Start()) return nullptr;
+    return n;
+  }
+
+  std::string A(const std::string& rel) { return a_->mount() + "/ckpt/" + rel; }
+  std::string B(const std::string& rel) { return b_->mount() + "/ckpt/" + rel; }
+
+  TempDir dir_;
+  std::unique_ptr<MetaProcess> meta_;
+  std::unique_ptr<NodeProcess> a_, b_;
+};
+
+TEST_F(VolumeTest, ACheckpointSavedOnOneNodeIsReadWholeOnAnotherAfterItsRename) {
+  ASSERT_TRUE(fs::is_directory(a_->mount() + "/ckpt"));
+  std::vector<std::string> root;  // the volume is listed at the root beside datasets
+  for (auto& e : fs::directory_iterator(b_->mount())) root.push_back(e.path().filename());
+  EXPECT_EQ(root, (std::vector<std::string>{"ckpt"}));
+  ASSERT_EQ(mkdir(A("run7").c_str(), 0755), 0) << strerror(errno);
+  ASSERT_EQ(mkdir(A("run7/step_1000.tmp").c_str(), 0755), 0) << strerror(errno);
+  const std::string r0 = Random(9 * kMiB + 123, 1), r1 = Random(3 * kMiB, 2);
+  ASSERT_EQ(Save(A("run7/step_1000.tmp/rank0.pt"), r0), 0);
+  ASSERT_EQ(Save(A("run7/step_1000.tmp/rank1.pt"), r1, /*fsync_it=*/false), 0);  // close alone
+  ASSERT_EQ(rename(A("run7/step_1000.tmp").c_str(), A("run7/step_1000").c_str()), 0)
+      << strerror(errno);
+
+  // The other node sees the renamed directory at once, and every byte (copied from n1).
+  EXPECT_FALSE(fs::exists(B("run7/step_1000.tmp")));
+  EXPECT_EQ(fs::file_size(B("run7/step_1000/rank0.pt")), r0.size());
+  EXPECT_TRUE(Load(B("run7/step_1000/rank0.pt")) == r0);
+  EXPECT_TRUE(Load(B("run7/step_1000/rank1.pt")) == r1);
+  EXPECT_TRUE(Load(A("run7/step_1000/rank0.pt")) == r0);
+  std::vector<std::string> names;
+  for (auto& e : fs::directory_iterator(B("run7/step_1000"))) {
+    names.push_back(e.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"rank0.pt", "rank1.pt"}));
+
+  char state[32] = {0};
+  ssize_t n =
+      getxattr(B("run7/step_1000/rank0.pt").c_str(), "user.ember.state", state, sizeof(state));
+  ASSERT_GT(n, 0) << strerror(errno);
+  EXPECT_EQ(std::string(state, static_cast<size_t>(n)), "replicated");  // --replicas 1
+  auto st = Ember({"volume", "status", "ckpt", "--json"});
+  ASSERT_EQ(st.exit_code, 0) << st.err;
+  json j = json::parse(st.out);
+  ASSERT_EQ(j["files"].size(), 2u) << st.out;
+  EXPECT_EQ(j["files"][0]["path"], "run7/step_1000/rank0.pt");
+  EXPECT_EQ(j["files"][0]["holders"][0], "n1");
+  EXPECT_EQ(j["bytes_unpersisted"], r0.size() + r1.size());
+
+  // A new save replaces the file: the next open on the other node sees the new bytes.
+  const std::string r0b = Random(2 * kMiB + 5, 3);
+  ASSERT_EQ(Save(A("run7/step_1000/rank0.pt"), r0b), 0);
+  EXPECT_TRUE(Load(B("run7/step_1000/rank0.pt")) == r0b);
+}
+
+TEST_F(VolumeTest, NothingUncommittedIsSeenElsewhereAndOneNodeWritesAFileAtATime) {
+  int fd = open(A("shard").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  const std::string half = Random(2 * kMiB, 4);
+  ASSERT_EQ(write(fd, half.data(), half.size()), static_cast<ssize_t>(half.size()));
+  // Written, not yet flushed: the other node sees the file empty (created), never a part.
+  EXPECT_EQ(fs::file_size(B("shard")), 0u);
+  EXPECT_EQ(Load(B("shard")), "");
+  EXPECT_EQ(fs::file_size(A("shard")), half.size());  // the writer sees its own writes
+  // A second writer elsewhere is refused while the first holds the file.
+  int other = open(B("shard").c_str(), O_WRONLY);
+  EXPECT_EQ(other, -1);
+  EXPECT_EQ(errno, EBUSY);
+  ASSERT_EQ(close(fd), 0);
+  EXPECT_TRUE(Load(B("shard")) == half);
+  // Once closed, the other node may write it; the first sees that at its next open.
+  const std::string next = Random(kMiB + 1, 5);
+  ASSERT_EQ(Save(B("shard"), next), 0);
+  EXPECT_TRUE(Load(A("shard")) == next);
+}
+
+TEST_F(VolumeTest, ChangesAnswerAsPosixSaysAndDatasetsStayReadOnly) {
+  ASSERT_EQ(mkdir(A("d").c_str(), 0755), 0);
+  ASSERT_EQ(Save(A("d/f"), "x"), 0);
+  EXPECT_EQ(rmdir(A("d").c_str()), -1);
+  EXPECT_EQ(errno, ENOTEMPTY);
+  EXPECT_EQ(rename(A("d").c_str(), A("d/inside").c_str()), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(mkdir(A("d").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EEXIST);
+  EXPECT_EQ(symlink("f", A("d/link").c_str()), -1);
+  EXPECT_EQ(errno, EPERM);
+  ASSERT_EQ(truncate(A("d/f").c_str(), 0), 0) << strerror(errno);
+  EXPECT_EQ(fs::file_size(B("d/f")), 0u);
+  ASSERT_EQ(unlink(B("d/f").c_str()), 0);
+  EXPECT_FALSE(fs::exists(A("d/f")));
+  EXPECT_EQ(rmdir(A("d").c_str()), 0);
+  // Outside volumes the mount is read-only.
+  EXPECT_EQ(mkdir((a_->mount() + "/new").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(rename(A("x").c_str(), (a_->mount() + "/x").c_str()), -1);
+}
+
+TEST_F(VolumeTest, ACorruptCopyIsNeverServedAndComesBackFromItsHolder) {
+  const std::string data = Random(3 * kMiB, 6);
+  ASSERT_EQ(Save(A("w.pt"), data), 0);
+  ASSERT_TRUE(Load(B("w.pt")) == data);  // n2 now holds a copy
+  // Flip a byte of n2's copy on its disk.
+  std::string copy;
+  for (auto& e : fs::recursive_directory_iterator(b_->cache_dir() + "/volumes")) {
+    if (e.is_regular_file() && e.path().extension() == "") copy = e.path();
+  }
+  ASSERT_FALSE(copy.empty());
+  int fd = open(copy.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, "!", 1, kMiB + 7), 1);
+  close(fd);
+  const std::string first = Load(B("w.pt"));
+  EXPECT_TRUE(first == data || first == absl::StrCat("<errno ", EIO, ">")) << "served wrong bytes";
+  EXPECT_TRUE(Load(B("w.pt")) == data);  // the copy was dropped and fetched again
+}
+
+TEST_F(VolumeTest, AWriterKilledBeforeCloseLeavesNoTornFile) {
+  ASSERT_EQ(Save(A("model.pt"), Random(kMiB, 7)), 0);
+  const std::string old = Load(B("model.pt"));
+  int fd = open(A("model.pt").c_str(), O_WRONLY | O_TRUNC);
+  ASSERT_GE(fd, 0);
+  const std::string part = Random(2 * kMiB, 8);
+  ASSERT_EQ(write(fd, part.data(), part.size()), static_cast<ssize_t>(part.size()));
+  a_->Kill(SIGKILL);
+  close(fd);
+  // The last committed contents stand, from n1's... copy on n2: never the part written.
+  EXPECT_TRUE(Load(B("model.pt")) == old);
+}
+
+TEST_F(VolumeTest, TorchSavesAndLoadsAStateDictThroughTheMounts) {
+  ASSERT_TRUE(fs::exists("/usr/lib/python3/dist-packages/torch"))
+      << "Debian's python3-torch is missing: make deps installs it";
+  ASSERT_EQ(mkdir(A("run").c_str(), 0755), 0);
+  const std::string save = absl::StrCat(
+      "import torch, os\n"
+      "torch.manual_seed(7)\n"
+      "m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), "
+      "torch.nn.Linear(1024, 256))\n"
+      "tmp = '",
+      A("run/step_10.tmp"),
+      "'\n"
+      "os.mkdir(tmp)\n"
+      "with open(tmp + '/model.pt', 'wb') as f:\n"
+      "    torch.save(m.state_dict(), f)\n"
+      "    f.flush(); os.fsync(f.fileno())\n"
+      "os.rename(tmp, '",
+      A("run/step_10"),
+      "')\n"
+      "torch.save({k: v.sum() for k, v in m.state_dict().items()}, '",
+      dir_.Sub("sums.pt"), "')\n");
+  testing::WriteFile(dir_.Sub("save.py"), save);
+  std::string out;
+  ASSERT_EQ(testing::RunShell("/usr/bin/python3 " + dir_.Sub("save.py"), &out), 0) << out;
+  const std::string load = absl::StrCat(
+      "import torch\n"
+      "sd = torch.load('",
+      B("run/step_10/model.pt"), "')\n", "sums = torch.load('", dir_.Sub("sums.pt"), "')\n",
+      "assert set(sd) == set(sums), (list(sd), list(sums))\n"
+      "for k in sd: assert torch.equal(sd[k].sum(), sums[k]), k\n"
+      "print(len(sd))\n");
+  testing::WriteFile(dir_.Sub("load.py"), load);
+  ASSERT_EQ(testing::RunShell("/usr/bin/python3 " + dir_.Sub("load.py"), &out), 0) << out;
+  EXPECT_EQ(out, "4\n");
+}
+
+}  // namespace
+}  // namespace ember
