@@ -62,17 +62,34 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
     return ErrnoStatus(
         EIO, absl::StrCat("'", n.name(), "': no other node holding its contents ", "is known"));
   }
-  auto read_block = [&](uint64_t index, char* buf, size_t len) -> absl::Status {
-    absl::Status last;
-    for (const auto& peer : peers) {
-      transport::FetchInfo info;
-      last = transport_->Fetch(peer, BlockAddr{vol, meta::kVolumeDataVersion, n.file_id(), index},
-                               0, static_cast<uint32_t>(len), buf, &info);
-      if (last.ok()) return last;
+  // A batch from the first holder that has it all; pieces it lacks from the next one.
+  auto read_blocks = [&](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
+    std::vector<transport::FetchPiece> want;
+    for (const auto& p : pieces) {
+      transport::FetchPiece f;
+      f.addr = BlockAddr{vol, meta::kVolumeDataVersion, n.file_id(), p.index};
+      f.length = static_cast<uint32_t>(p.len);
+      f.buf = p.buf;
+      f.status = absl::UnavailableError("not asked yet");
+      want.push_back(f);
     }
-    return last;
+    for (const auto& peer : peers) {
+      std::vector<transport::FetchPiece> missing;
+      for (auto& f : want) {
+        if (!f.status.ok()) missing.push_back(f);
+      }
+      if (missing.empty()) break;
+      transport_->FetchMany(peer, missing);
+      for (auto& m : missing) {
+        for (auto& f : want) {
+          if (f.addr.index == m.addr.index) f.status = m.status;
+        }
+      }
+    }
+    for (const auto& f : want) RETURN_IF_ERROR(f.status);
+    return absl::OkStatus();
   };
-  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums, read_block);
+  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums, read_blocks);
   if (!whole.ok()) {
     spdlog::warn("volume: contents of '{}' could not be copied from {}: {}", n.name(),
                  peers.front(), std::string(whole.status().message()));

@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
+#include "common/ids.h"
 #include "common/status.h"
 
 namespace ember::cachefs {
@@ -65,6 +67,15 @@ class VolumeFs::File final : public FileSystem::FileHandle {
   uint64_t whole_id_ ABSL_GUARDED_BY(mu_) = 0;  // the contents id whole_ holds
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   int64_t renewed_ms_ ABSL_GUARDED_BY(mu_) = NowMs();  // the lease was taken or renewed
+  // Checksums of a staging file written from offset 0 straight on (a checkpoint's save): the
+  // blocks so far, so that its commit need not read it again. Any other write gives them up.
+  bool seq_ok_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t seq_end_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> seq_sums_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<BlockChecksummer> seq_block_ ABSL_GUARDED_BY(mu_);
+  void HashLocked(uint64_t offset, const char* data, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checksums of every block when the staging file was written straight on, else null.
+  std::optional<std::vector<uint64_t>> KnownSumsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Renews the write lease when a third of it has passed (a long save outlives one lease).
   absl::Status RenewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -112,7 +123,38 @@ absl::Status VolumeFs::File::StageLocked() {
                                : fs_->store_->CopyToStaging(at_.vol_id, whole_id_, writing_id_);
   if (!fd.ok()) return fd.status();
   fd_ = *fd;
+  seq_ok_ = whole_ == nullptr;  // written from empty: checksums may follow the writes
+  seq_end_ = 0;
+  seq_sums_.clear();
+  seq_block_.reset();
   return absl::OkStatus();
+}
+
+void VolumeFs::File::HashLocked(uint64_t offset, const char* data, size_t n) {
+  if (!seq_ok_ || offset != seq_end_) {
+    seq_ok_ = false;
+    return;
+  }
+  while (n > 0) {
+    if (seq_block_ == nullptr) seq_block_ = std::make_unique<BlockChecksummer>();
+    const size_t take =
+        static_cast<size_t>(std::min<uint64_t>(n, block_size_ - seq_end_ % block_size_));
+    seq_block_->Update(data, take);
+    data += take;
+    n -= take;
+    seq_end_ += take;
+    if (seq_end_ % block_size_ == 0) {
+      seq_sums_.push_back(seq_block_->Digest());
+      seq_block_.reset();
+    }
+  }
+}
+
+std::optional<std::vector<uint64_t>> VolumeFs::File::KnownSumsLocked() {
+  if (!seq_ok_ || seq_end_ != SizeLocked()) return std::nullopt;
+  std::vector<uint64_t> sums = seq_sums_;
+  if (seq_block_ != nullptr) sums.push_back(seq_block_->Digest());
+  return sums;
 }
 
 absl::Status VolumeFs::File::RenewLocked() {
@@ -140,8 +182,10 @@ uint64_t VolumeFs::File::SizeLocked() {
 absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
   if (!dirty_) return absl::OkStatus();
   RETURN_IF_ERROR(StageLocked());
-  ASSIGN_OR_RETURN(std::vector<uint64_t> sums,
-                   fs_->store_->Seal(at_.vol_id, writing_id_, fd_, block_size_));
+  const std::optional<std::vector<uint64_t>> known = KnownSumsLocked();
+  ASSIGN_OR_RETURN(
+      std::vector<uint64_t> sums,
+      fs_->store_->Seal(at_.vol_id, writing_id_, fd_, block_size_, known ? &*known : nullptr));
   rpc::VolumeOpRequest req;
   auto* c = req.mutable_commit();
   c->set_ino(at_.ino);
@@ -362,7 +406,7 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> VolumeFs::Open(uint64_t 
     absl::MutexLock lock(&f->mu_);
     f->whole_ = std::move(whole);
     f->whole_id_ = n.file_id();
-    f->checked_.assign(f->whole_->sums.size(), false);
+    f->checked_.assign(f->whole_->sums.size(), f->whole_->verified);
   }
   return std::unique_ptr<FileSystem::FileHandle>(std::move(f));
 }
@@ -494,6 +538,7 @@ absl::StatusOr<size_t> VolumeFs::Write(uint64_t /*ino*/, FileSystem::FileHandle*
     }
     done += static_cast<size_t>(n);
   }
+  f->HashLocked(offset, data, size);
   f->dirty_ = true;
   return done;
 }
@@ -517,6 +562,7 @@ absl::StatusOr<Entry> VolumeFs::SetAttr(uint64_t ino, FileSystem::FileHandle* ha
     }
     absl::MutexLock lock(&f->mu_);
     RETURN_IF_ERROR(f->StageLocked());
+    f->seq_ok_ = f->seq_ok_ && *attrs.size == f->seq_end_;  // else: read again at the commit
     if (ftruncate(f->fd_, static_cast<off_t>(*attrs.size)) != 0) {
       return ErrnoStatus(errno == ENOSPC ? ENOSPC : EIO, "volume truncate failed");
     }

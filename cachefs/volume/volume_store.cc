@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/status.h"
@@ -19,6 +21,7 @@ namespace {
 constexpr uint64_t kSumsMagic = 0x31736d7573766d65;  // "emvsums1"
 constexpr size_t kHeader = 24;
 constexpr size_t kCopyChunk = 4u << 20;
+constexpr uint64_t kFetchBytes = 32u << 20;  // asked of a peer in one pipelined request
 
 absl::Status Errno(const std::string& what, const std::string& path) {
   const int err = errno;
@@ -61,6 +64,12 @@ std::string VolumeStore::PathOf(uint32_t vol, uint64_t file_id) const {
 
 absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Open(uint32_t vol,
                                                                             uint64_t file_id) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Whole> w, OpenWhole(vol, file_id));
+  return std::shared_ptr<const Whole>(std::move(w));
+}
+
+absl::StatusOr<std::shared_ptr<VolumeStore::Whole>> VolumeStore::OpenWhole(uint32_t vol,
+                                                                           uint64_t file_id) {
   const std::string path = PathOf(vol, file_id);
   int sfd = open((path + ".sums").c_str(), O_RDONLY | O_CLOEXEC);
   if (sfd < 0) return absl::NotFoundError(absl::StrCat("contents ", file_id, " not here"));
@@ -87,7 +96,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Open(uint
   if (fstat(w->fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != w->size) {
     return absl::DataLossError(absl::StrCat("'", path, "' is not ", w->size, " bytes"));
   }
-  return std::shared_ptr<const Whole>(std::move(w));
+  return w;
 }
 
 absl::Status VolumeStore::CheckBlock(const Whole& w, uint32_t vol, uint64_t file_id,
@@ -161,12 +170,18 @@ absl::Status VolumeStore::WriteSums(uint32_t vol, uint64_t file_id, uint64_t siz
 }
 
 absl::StatusOr<std::vector<uint64_t>> VolumeStore::Seal(uint32_t vol, uint64_t file_id, int fd,
-                                                        uint64_t block_size) {
+                                                        uint64_t block_size,
+                                                        const std::vector<uint64_t>* known) {
   const std::string path = PathOf(vol, file_id);
   if (fdatasync(fd) != 0) return Errno("cannot sync", path);
   struct stat st;
   if (fstat(fd, &st) != 0) return Errno("cannot stat", path);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t blocks = (size + block_size - 1) / block_size;
+  if (known != nullptr && known->size() == blocks) {
+    RETURN_IF_ERROR(WriteSums(vol, file_id, size, block_size, *known, /*sync=*/true));
+    return *known;
+  }
   std::vector<uint64_t> sums;
   std::unique_ptr<char[]> buf(new char[block_size]);
   for (uint64_t off = 0; off < size; off += block_size) {
@@ -180,8 +195,19 @@ absl::StatusOr<std::vector<uint64_t>> VolumeStore::Seal(uint32_t vol, uint64_t f
 
 absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
-    const std::vector<uint64_t>& sums, const BlockReader& read_block) {
-  absl::MutexLock lock(&fetch_mu_);
+    const std::vector<uint64_t>& sums, const BatchReader& read_blocks) {
+  // One copy of a contents id at a time; copies of different ids run side by side.
+  const std::pair<uint32_t, uint64_t> key{vol, file_id};
+  {
+    absl::MutexLock lock(&fetch_mu_);
+    while (fetching_.count(key) > 0) fetched_.Wait(&fetch_mu_);
+    fetching_.insert(key);
+  }
+  absl::Cleanup done = [&] {
+    absl::MutexLock lock(&fetch_mu_);
+    fetching_.erase(key);
+    fetched_.SignalAll();
+  };
   if (auto have = Open(vol, file_id); have.ok()) return have;
   const uint64_t blocks = (size + block_size - 1) / block_size;
   if (sums.size() != blocks) {
@@ -189,18 +215,27 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
                                             blocks, " checksums, have ", sums.size()));
   }
   ASSIGN_OR_RETURN(int fd, CreateStaging(vol, file_id));
-  std::unique_ptr<char[]> buf(new char[block_size]);
+  // Blocks are asked for kBatch at a time (one pipelined request to a peer), checked and written.
+  const uint64_t batch = std::max<uint64_t>(1, kFetchBytes / block_size);
+  std::unique_ptr<char[]> buf(new char[batch * block_size]);
   absl::Status st;
-  for (uint64_t i = 0; i < blocks && st.ok(); ++i) {
-    const uint64_t off = i * block_size;
-    const size_t len = static_cast<size_t>(std::min(block_size, size - off));
-    st = read_block(i, buf.get(), len);
-    if (st.ok() && BlockChecksum(buf.get(), len) != sums[i]) {
-      st = absl::DataLossError(absl::StrCat("block ", i, " of contents ", file_id,
-                                            " from a peer does not match its checksum"));
+  for (uint64_t first = 0; first < blocks && st.ok(); first += batch) {
+    std::vector<Piece> pieces;
+    for (uint64_t i = first; i < std::min(blocks, first + batch); ++i) {
+      const uint64_t off = i * block_size;
+      pieces.push_back(Piece{i, buf.get() + (i - first) * block_size,
+                             static_cast<size_t>(std::min(block_size, size - off))});
     }
-    if (st.ok() && !WriteFull(fd, off, buf.get(), len))
-      st = Errno("cannot write", PathOf(vol, file_id));
+    st = read_blocks(pieces);
+    for (const Piece& p : pieces) {
+      if (!st.ok()) break;
+      if (BlockChecksum(p.buf, p.len) != sums[p.index]) {
+        st = absl::DataLossError(absl::StrCat("block ", p.index, " of contents ", file_id,
+                                              " from a peer does not match its checksum"));
+      } else if (!WriteFull(fd, p.index * block_size, p.buf, p.len)) {
+        st = Errno("cannot write", PathOf(vol, file_id));
+      }
+    }
   }
   close(fd);
   // Not synced: a copy is not what a commit promised, and its reads check every block against
@@ -210,7 +245,9 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     Drop(vol, file_id);
     return st;
   }
-  return Open(vol, file_id);
+  ASSIGN_OR_RETURN(std::shared_ptr<Whole> whole, OpenWhole(vol, file_id));
+  whole->verified = true;
+  return std::shared_ptr<const Whole>(std::move(whole));
 }
 
 void VolumeStore::Drop(uint32_t vol, uint64_t file_id) {

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ class VolumeStore {
     uint64_t size = 0;
     uint64_t block_size = 0;
     std::vector<uint64_t> sums;
+    bool verified = false;  // every block was just checked (a copy Fetch made): no need again
     ~Whole();
   };
   // Returns: the contents; NotFound when they are not whole here; DataLoss for a bad `.sums`.
@@ -52,19 +54,27 @@ class VolumeStore {
   // A staging file for `to` holding a copy of whole contents `from` (a write after a commit,
   // or an open for writing without O_TRUNC). Returns: the fd.
   absl::StatusOr<int> CopyToStaging(uint32_t vol, uint64_t from, uint64_t to);
-  // Makes staging `file_id` whole: syncs its bytes, checksums each block, writes `.sums`.
-  // Returns: the checksums (one per block; none for an empty file); IO errors.
+  // Makes staging `file_id` whole: syncs its bytes, checksums each block (or takes `known`, the
+  // checksums of the file's blocks as they were written, when they cover its size), writes
+  // `.sums`. Returns: the checksums (one per block; none for an empty file); IO errors.
   absl::StatusOr<std::vector<uint64_t>> Seal(uint32_t vol, uint64_t file_id, int fd,
-                                             uint64_t block_size);
+                                             uint64_t block_size,
+                                             const std::vector<uint64_t>* known = nullptr);
 
-  // Copies whole contents from peers: `read_block(index, buf, len)` fills block `index`
-  // (len bytes); each block must match `sums`. Returns: the contents; the first block's error
-  // when no peer had it right (DataLoss for bytes that did not match).
-  using BlockReader = std::function<absl::Status(uint64_t index, char* buf, size_t len)>;
+  // Copies whole contents from peers: `read_blocks(pieces)` fills each piece's block `index`
+  // (len bytes into buf), a batch at a time; each block must match `sums`. Copies of one id are
+  // serialized (the second finds the first's), of different ids run at once. Returns: the
+  // contents; the reader's error, or DataLoss for bytes that did not match.
+  struct Piece {
+    uint64_t index = 0;
+    char* buf = nullptr;
+    size_t len = 0;
+  };
+  using BatchReader = std::function<absl::Status(std::vector<Piece>& pieces)>;
   absl::StatusOr<std::shared_ptr<const Whole>> Fetch(uint32_t vol, uint64_t file_id, uint64_t size,
                                                      uint64_t block_size,
                                                      const std::vector<uint64_t>& sums,
-                                                     const BlockReader& read_block);
+                                                     const BatchReader& read_blocks);
 
   // Removes a contents id's files (staging or whole).
   void Drop(uint32_t vol, uint64_t file_id);
@@ -81,12 +91,15 @@ class VolumeStore {
   std::string PathOf(uint32_t vol, uint64_t file_id) const;
 
  private:
+  absl::StatusOr<std::shared_ptr<Whole>> OpenWhole(uint32_t vol, uint64_t file_id);
   // `sync`: the file and the directory entry synced (a writer's commit), or not (a copy).
   absl::Status WriteSums(uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
                          const std::vector<uint64_t>& sums, bool sync);
 
   const std::string dir_;
-  absl::Mutex fetch_mu_;  // one Fetch at a time (a second of the same id then finds it whole)
+  absl::Mutex fetch_mu_;
+  std::set<std::pair<uint32_t, uint64_t>> fetching_ ABSL_GUARDED_BY(fetch_mu_);  // being copied
+  absl::CondVar fetched_;                                                        // a copy ended
 };
 
 }  // namespace ember::cachefs
