@@ -31,7 +31,6 @@ void SplitIno(uint64_t fuse_ino, uint32_t* vol, uint32_t* view, uint64_t* ino) {
   *view = static_cast<uint32_t>((fuse_ino >> 32) & 0xffff);
   *ino = fuse_ino & 0xffffffffull;
 }
-constexpr uint32_t kRenameNoreplace = 1;  // RENAME_NOREPLACE (linux/fs.h)
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -473,54 +472,6 @@ absl::StatusOr<std::pair<Entry, std::unique_ptr<FileSystem::FileHandle>>> Volume
   return std::make_pair(e, std::unique_ptr<FileSystem::FileHandle>(std::move(*f)));
 }
 
-absl::StatusOr<Entry> VolumeFs::MkDir(uint64_t parent, const std::string& name, uint32_t mode,
-                                      uint32_t uid, uint32_t gid) {
-  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
-  rpc::VolumeOpRequest req;
-  auto* m = req.mutable_mkdir();
-  m->set_parent(at.ino);
-  m->set_name(name);
-  m->set_mode(mode);
-  m->set_uid(uid);
-  m->set_gid(gid);
-  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
-  return EntryOf(at, r.inode());
-}
-
-absl::Status VolumeFs::Unlink(uint64_t parent, const std::string& name) {
-  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
-  rpc::VolumeOpRequest req;
-  req.mutable_unlink()->set_parent(at.ino);
-  req.mutable_unlink()->set_name(name);
-  return Op(at, req).status();
-}
-
-absl::Status VolumeFs::RmDir(uint64_t parent, const std::string& name) {
-  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
-  rpc::VolumeOpRequest req;
-  req.mutable_rmdir()->set_parent(at.ino);
-  req.mutable_rmdir()->set_name(name);
-  return Op(at, req).status();
-}
-
-absl::Status VolumeFs::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
-                              const std::string& new_name, uint32_t flags) {
-  if ((flags & ~static_cast<uint32_t>(kRenameNoreplace)) != 0) {
-    return ErrnoStatus(EINVAL, "only RENAME_NOREPLACE is supported");
-  }
-  ASSIGN_OR_RETURN(Ref from, Resolve(parent));
-  ASSIGN_OR_RETURN(Ref to, Resolve(new_parent));
-  if (from.vol_id != to.vol_id) return ErrnoStatus(EXDEV, "rename across volumes");
-  rpc::VolumeOpRequest req;
-  auto* m = req.mutable_rename();
-  m->set_parent(from.ino);
-  m->set_name(name);
-  m->set_new_parent(to.ino);
-  m->set_new_name(new_name);
-  m->set_noreplace((flags & kRenameNoreplace) != 0);
-  return Op(from, req).status();
-}
-
 absl::StatusOr<size_t> VolumeFs::Write(uint64_t /*ino*/, FileSystem::FileHandle* handle,
                                        uint64_t offset, const char* data, size_t size) {
   auto* f = static_cast<File*>(handle);
@@ -590,16 +541,6 @@ absl::StatusOr<Entry> VolumeFs::SetAttr(uint64_t ino, FileSystem::FileHandle* ha
     RETURN_IF_ERROR(Op(at, req).status());
   }
   return GetAttr(ino);
-}
-
-absl::StatusOr<std::string> VolumeFs::GetXattr(uint64_t ino, const std::string& name) {
-  if (name != "user.ember.state") return ErrnoStatus(ENODATA, "no such attribute");
-  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
-  rpc::VolumeOpRequest req;
-  req.mutable_getattr()->set_ino(at.ino);
-  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
-  if (r.inode().type() == rpc::FileEntry::DIR) return ErrnoStatus(ENODATA, "a directory");
-  return std::string(meta::VolumeStateName(r.inode().state()));
 }
 
 }  // namespace ember::cachefs
