@@ -11,6 +11,7 @@
 #include <set>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/status.h"
@@ -56,7 +57,22 @@ VolumeStore::Whole::~Whole() {
   if (fd >= 0) close(fd);
 }
 
-VolumeStore::VolumeStore(std::string dir) : dir_(std::move(dir)) {}
+VolumeStore::VolumeStore(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  size_t removed = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir_, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    const std::string path = it->path().string();
+    const bool tmp = absl::EndsWith(path, ".sums.tmp");
+    const bool unfinished =
+        !absl::EndsWith(path, ".sums") && !tmp && !std::filesystem::exists(path + ".sums", ec);
+    if ((tmp || unfinished) && unlink(path.c_str()) == 0) removed++;
+  }
+  if (removed > 0) {
+    spdlog::info("volume: removed {} unfinished staging file(s) or copies from {}", removed, dir_);
+  }
+}
 
 std::string VolumeStore::PathOf(uint32_t vol, uint64_t file_id) const {
   return absl::StrCat(dir_, "/", vol, "/", file_id);

@@ -32,6 +32,8 @@ namespace ember::cachefs {
 
 class VolumeStore {
  public:
+  // Removes what a process that ended before finishing left in `dir`: staging files and copies
+  // without their `.sums` (no write survives a restart of the agent), `.sums.tmp` files.
   explicit VolumeStore(std::string dir);
 
   // Whole contents on this disk, open for reading. Blocks are checked against `sums` before
