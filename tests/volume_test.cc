@@ -242,6 +242,26 @@ TEST_F(VolumeTest, AWriterKilledBeforeCloseLeavesNoTornFile) {
   EXPECT_TRUE(Load(B("model.pt")) == old);
 }
 
+TEST_F(VolumeTest, AWriteInProgressAcrossATakeoverNeverCommitsATornFile) {
+  const std::string old = Random(kMiB + 3, 9);
+  ASSERT_EQ(Save(A("opt.pt"), old), 0);
+  int fd = open(A("opt.pt").c_str(), O_WRONLY | O_TRUNC);
+  ASSERT_GE(fd, 0);
+  const std::string part = Random(kMiB, 10);
+  ASSERT_EQ(write(fd, part.data(), part.size()), static_cast<ssize_t>(part.size()));
+  ASSERT_TRUE(a_->Takeover()) << a_->Log();
+  // The successor does not continue the write: it fails rather than add to a truncated copy.
+  EXPECT_EQ(write(fd, part.data(), part.size()), -1);
+  close(fd);
+  EXPECT_TRUE(Load(B("opt.pt")) == old);
+  EXPECT_TRUE(Load(A("opt.pt")) == old);
+  // Once the lease the old agent held is given back or runs out, the file is writable again;
+  // the same node asks for it under its own name, so at once.
+  const std::string next = Random(kMiB, 11);
+  EXPECT_EQ(Save(A("opt.pt"), next), 0);
+  EXPECT_TRUE(Load(B("opt.pt")) == next);
+}
+
 TEST_F(VolumeTest, TorchSavesAndLoadsAStateDictThroughTheMounts) {
   ASSERT_TRUE(fs::exists("/usr/lib/python3/dist-packages/torch"))
       << "Debian's python3-torch is missing: make deps installs it";

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -82,6 +83,9 @@ class VolumeFs::File final : public FileSystem::FileHandle {
   // The staging file, made from the committed contents when a write follows a commit.
   absl::Status StageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t SizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SizeLocked() as of the last change through this handle, for a stat of the inode, which
+  // must not wait for this handle's lock (held through a commit's sync).
+  std::atomic<uint64_t> size_{0};
   absl::Status CommitLocked(bool keep_lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
@@ -91,12 +95,13 @@ VolumeFs::File::~File() {
   {
     absl::MutexLock lock(&mu_);
     if (dirty_) {
-      // The kernel flushes at close before it releases, so this is a write whose flush failed:
-      // one more try, then the staging file goes.
-      if (absl::Status st = CommitLocked(/*keep_lease=*/false); !st.ok()) {
-        spdlog::error("volume {}: inode {} closed with writes that could not be committed: {}",
-                      at_.volume, at_.ino, std::string(st.message()));
-      }
+      // Never committed here: the kernel flushes at close before it releases, so these are
+      // writes whose close never came (the agent stops or hands over) or whose flush failed.
+      // The file keeps its last committed contents: a commit now could publish half a save.
+      spdlog::warn(
+          "volume {}: inode {} released with writes no close or fsync committed; the "
+          "file keeps its last committed contents",
+          at_.volume, at_.ino);
     }
     if (fd_ >= 0) {
       close(fd_);
@@ -126,6 +131,7 @@ absl::Status VolumeFs::File::StageLocked() {
   seq_end_ = 0;
   seq_sums_.clear();
   seq_block_.reset();
+  size_ = SizeLocked();
   return absl::OkStatus();
 }
 
@@ -289,9 +295,7 @@ Entry VolumeFs::EntryOf(const Ref& at, const rpc::VolumeInode& n) {
   absl::MutexLock lock(&mu_);
   // This node's writer knows a size meta does not yet.
   for (auto [it, end] = writers_.equal_range(a.ino); it != end; ++it) {
-    File* f = it->second;
-    absl::MutexLock flock(&f->mu_);
-    a.size = f->SizeLocked();
+    a.size = it->second->size_.load();
   }
   return e;
 }
@@ -491,6 +495,7 @@ absl::StatusOr<size_t> VolumeFs::Write(uint64_t /*ino*/, FileSystem::FileHandle*
   }
   f->HashLocked(offset, data, size);
   f->dirty_ = true;
+  f->size_ = std::max(f->size_.load(), offset + size);
   return done;
 }
 
@@ -518,6 +523,7 @@ absl::StatusOr<Entry> VolumeFs::SetAttr(uint64_t ino, FileSystem::FileHandle* ha
       return ErrnoStatus(errno == ENOSPC ? ENOSPC : EIO, "volume truncate failed");
     }
     f->dirty_ = true;
+    f->size_ = *attrs.size;
     if (own != nullptr) RETURN_IF_ERROR(f->CommitLocked(/*keep_lease=*/false));
   }
   if (attrs.mode || attrs.mtime_ns || attrs.uid || attrs.gid) {
