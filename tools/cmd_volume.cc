@@ -42,7 +42,8 @@ void AddVolumeCommand(CLI::App& app) {
 
   // add
   {
-    auto* c = vol->add_subcommand("add", "Add a writable volume that uploads to ORIGIN");
+    auto* c = vol->add_subcommand(
+        "add", "Add a writable volume (ORIGIN: where its files are to be uploaded)");
     auto name = std::make_shared<std::string>();
     auto origin = std::make_shared<std::string>();
     auto replicas = std::make_shared<uint32_t>(1);
@@ -50,7 +51,8 @@ void AddVolumeCommand(CLI::App& app) {
     c->add_option("NAME", *name, "Volume name (shown as /MOUNT/NAME on every node)")->required();
     c->add_option("ORIGIN", *origin, "Absolute directory path files are uploaded to")->required();
     c->add_option("--replicas", *replicas,
-                  "Nodes holding a file before its fsync or close returns (1-8; default 1)");
+                  "Nodes to hold a file before its fsync or close returns (1-8; default 1). Copies "
+                  "to other nodes are not built yet: files stay on their writer ('local')");
     c->add_option("--block-size", *block, "Block size (power of two, 4KiB..64MiB; default 4MiB)");
     AddMetaFlags(c, meta_flags.get());
     c->add_flag("--json", *as_json, "Print JSON");
@@ -70,8 +72,12 @@ void AddVolumeCommand(CLI::App& app) {
         std::cout << VolumeJson(*v).dump(2) << "\n";
         return;
       }
-      std::cout << "added volume " << v->name() << " (" << v->replicas()
-                << " replica(s), uploads to " << v->origin() << ")\n";
+      std::cout << "added volume " << v->name() << " (" << v->replicas() << " replica(s), origin "
+                << v->origin() << ")\n"
+                << "note: the upload to the origin"
+                << (v->replicas() > 1 ? " and copies to other nodes are" : " is")
+                << " not built yet: files stay on the node that wrote them (docs/operations.md, "
+                   "\"Checkpoints\")\n";
     });
   }
 
