@@ -23,6 +23,20 @@ namespace ember::cachefs {
 
 inline constexpr uint64_t kRootIno = 1;
 
+// The mount's inode numbers are derived, never allocated: id << 48 | view << 32 | number. For a
+// dataset: its id, 0 (latest) or the version (NAME@V), the manifest's file id (namespace.h); for
+// a volume: its id, 0xffff, the inode in meta (volume/volume_fs.h). A restarted agent answers
+// with the same numbers.
+inline uint64_t MakeIno(uint32_t id, uint32_t view, uint64_t number) {
+  return (static_cast<uint64_t>(id) << 48) | (static_cast<uint64_t>(view & 0xffff) << 32) |
+         (number & 0xffffffffull);
+}
+inline void SplitIno(uint64_t ino, uint32_t* id, uint32_t* view, uint64_t* number) {
+  *id = static_cast<uint32_t>(ino >> 48);
+  *view = static_cast<uint32_t>((ino >> 32) & 0xffff);
+  *number = ino & 0xffffffffull;
+}
+
 struct Attr {
   uint64_t ino = 0;
   uint32_t mode = 0;  // st_mode with type bits

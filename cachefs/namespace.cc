@@ -134,17 +134,6 @@ size_t ManifestTable::MemoryBytes() const {
          (dir_begin_.capacity() + kids_.capacity()) * 4;
 }
 
-uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id) {
-  return (static_cast<uint64_t>(dataset_id) << 48) | (static_cast<uint64_t>(view & 0xffff) << 32) |
-         (file_id & 0xffffffffull);
-}
-
-void SplitIno(uint64_t ino, uint32_t* dataset_id, uint32_t* view, uint64_t* file_id) {
-  *dataset_id = static_cast<uint32_t>(ino >> 48);
-  *view = static_cast<uint32_t>((ino >> 32) & 0xffff);
-  *file_id = ino & 0xffffffffull;
-}
-
 Namespace::Namespace(meta::MetaClient* meta, ManifestCache* disk) : meta_(meta), disk_(disk) {
   if (disk_ != nullptr) {
     auto saved = disk_->LoadDatasets();

@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cachefs/filesystem.h"  // MakeIno, SplitIno
 #include "meta/meta_client.h"
 
 namespace ember::cachefs {
@@ -118,8 +119,7 @@ struct DatasetView {
   void Finish() { files->Finish(); }
 };
 
-uint64_t MakeIno(uint32_t dataset_id, uint32_t view, uint64_t file_id);
-void SplitIno(uint64_t ino, uint32_t* dataset_id, uint32_t* view, uint64_t* file_id);
+// MakeIno / SplitIno (the inode layout above) are in filesystem.h: volumes use them too.
 
 class ManifestCache;
 

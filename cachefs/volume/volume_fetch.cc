@@ -75,16 +75,15 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
     }
     for (const auto& peer : peers) {
       std::vector<transport::FetchPiece> missing;
-      for (auto& f : want) {
-        if (!f.status.ok()) missing.push_back(f);
+      std::vector<size_t> at;  // missing[k] is want[at[k]]
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (want[i].status.ok()) continue;
+        missing.push_back(want[i]);
+        at.push_back(i);
       }
       if (missing.empty()) break;
       transport_->FetchMany(peer, missing);
-      for (auto& m : missing) {
-        for (auto& f : want) {
-          if (f.addr.index == m.addr.index) f.status = m.status;
-        }
-      }
+      for (size_t k = 0; k < missing.size(); ++k) want[at[k]].status = missing[k].status;
     }
     for (const auto& f : want) RETURN_IF_ERROR(f.status);
     return absl::OkStatus();

@@ -22,17 +22,6 @@ namespace {
 
 constexpr int64_t kListEveryMs = 2000;
 
-// The mount's inode layout (cachefs/namespace.h): id << 48 | view << 32 | number.
-uint64_t MakeIno(uint32_t vol, uint32_t view, uint64_t ino) {
-  return (static_cast<uint64_t>(vol) << 48) | (static_cast<uint64_t>(view & 0xffff) << 32) |
-         (ino & 0xffffffffull);
-}
-void SplitIno(uint64_t fuse_ino, uint32_t* vol, uint32_t* view, uint64_t* ino) {
-  *vol = static_cast<uint32_t>(fuse_ino >> 48);
-  *view = static_cast<uint32_t>((fuse_ino >> 32) & 0xffff);
-  *ino = fuse_ino & 0xffffffffull;
-}
-
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -109,14 +98,11 @@ VolumeFs::File::~File() {
       fs_->store_->Drop(at_.vol_id, writing_id_);
     }
   }
-  rpc::VolumeOpRequest rel;
-  rel.mutable_release()->set_ino(at_.ino);
-  rel.mutable_release()->set_node(fs_->node_id_);
-  if (auto r = fs_->Op(at_, rel); !r.ok()) {
+  if (absl::Status r = fs_->ReleaseLease(at_); !r.ok()) {
     spdlog::warn(
         "volume {}: the write lease of inode {} was not given back ({}); it ends by "
         "itself",
-        at_.volume, at_.ino, std::string(r.status().message()));
+        at_.volume, at_.ino, std::string(r.message()));
   }
 }
 
@@ -274,6 +260,13 @@ absl::StatusOr<VolumeFs::Ref> VolumeFs::Resolve(uint64_t fuse_ino) {
   return ErrnoStatus(ENOENT, absl::StrCat("no volume of id ", ds));
 }
 
+absl::Status VolumeFs::ReleaseLease(const Ref& at) {
+  rpc::VolumeOpRequest req;
+  req.mutable_release()->set_ino(at.ino);
+  req.mutable_release()->set_node(node_id_);
+  return Op(at, req).status();
+}
+
 absl::StatusOr<rpc::VolumeOpReply> VolumeFs::Op(const Ref& at, rpc::VolumeOpRequest req) {
   req.set_volume(at.volume);
   absl::StatusOr<rpc::VolumeOpReply> r = meta_->VolumeOp(req);
@@ -395,10 +388,7 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> VolumeFs::Open(uint64_t 
   if (write) {
     auto f = OpenForWrite(at, n, r.block_size(), (flags & O_TRUNC) != 0);
     if (!f.ok()) {
-      rpc::VolumeOpRequest rel;
-      rel.mutable_release()->set_ino(at.ino);
-      rel.mutable_release()->set_node(node_id_);
-      (void)Op(at, rel);
+      (void)ReleaseLease(at);
       return f.status();
     }
     return std::unique_ptr<FileSystem::FileHandle>(std::move(*f));
@@ -466,10 +456,7 @@ absl::StatusOr<std::pair<Entry, std::unique_ptr<FileSystem::FileHandle>>> Volume
   Ref file{at.vol_id, at.volume, r.inode().ino()};
   auto f = OpenForWrite(file, r.inode(), r.block_size(), (flags & O_TRUNC) != 0);
   if (!f.ok()) {
-    rpc::VolumeOpRequest rel;
-    rel.mutable_release()->set_ino(file.ino);
-    rel.mutable_release()->set_node(node_id_);
-    (void)Op(file, rel);
+    (void)ReleaseLease(file);
     return f.status();
   }
   Entry e = EntryOf(file, r.inode());

@@ -92,6 +92,8 @@ class VolumeFs {
   };
   absl::StatusOr<Ref> Resolve(uint64_t fuse_ino);
   absl::StatusOr<rpc::VolumeOpReply> Op(const Ref& at, rpc::VolumeOpRequest req);
+  // Gives this node's write lease of `at` back (a no-op in meta when it holds none).
+  absl::Status ReleaseLease(const Ref& at);
   Entry EntryOf(const Ref& at, const rpc::VolumeInode& n);
   // The contents of `n` on this disk, copied from a holder first if need be.
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> Local(uint32_t vol,

@@ -128,6 +128,7 @@ absl::Status VolumeStore::CheckBlock(const Whole& w, uint32_t vol, uint64_t file
       "volume: block {} of contents {}/{} on disk does not match its checksum; the "
       "copy is dropped",
       index, vol, file_id);
+  ForgetServing(vol, file_id);
   const std::string path = PathOf(vol, file_id);
   unlink((path + ".sums").c_str());
   return absl::DataLossError(absl::StrCat("block ", index, " of '", path, "' is corrupt"));
@@ -267,19 +268,38 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
 }
 
 void VolumeStore::Drop(uint32_t vol, uint64_t file_id) {
+  ForgetServing(vol, file_id);
   const std::string path = PathOf(vol, file_id);
   unlink((path + ".sums").c_str());
   unlink(path.c_str());
 }
 
+void VolumeStore::ForgetServing(uint32_t vol, uint64_t file_id) {
+  absl::MutexLock lock(&serving_mu_);
+  serving_.erase({vol, file_id});
+}
+
 std::optional<VolumeStore::Block> VolumeStore::GetBlock(const BlockAddr& addr) {
-  auto w = Open(addr.dataset_id, addr.file_id);
-  if (!w.ok() || addr.index >= (*w)->sums.size()) return std::nullopt;
+  const std::pair<uint32_t, uint64_t> key{addr.dataset_id, addr.file_id};
+  std::shared_ptr<const Whole> w;
+  {
+    absl::MutexLock lock(&serving_mu_);
+    if (auto it = serving_.find(key); it != serving_.end()) w = it->second;
+  }
+  if (w == nullptr) {
+    auto opened = Open(addr.dataset_id, addr.file_id);
+    if (!opened.ok()) return std::nullopt;
+    w = std::move(*opened);
+    absl::MutexLock lock(&serving_mu_);
+    if (serving_.size() >= kServing) serving_.erase(serving_.begin());
+    serving_[key] = w;
+  }
+  if (addr.index >= w->sums.size()) return std::nullopt;
   Block b;
-  b.offset = addr.index * (*w)->block_size;
-  b.length = static_cast<uint32_t>(std::min((*w)->block_size, (*w)->size - b.offset));
-  b.checksum = (*w)->sums[addr.index];
-  b.whole = std::move(*w);
+  b.offset = addr.index * w->block_size;
+  b.length = static_cast<uint32_t>(std::min(w->block_size, w->size - b.offset));
+  b.checksum = w->sums[addr.index];
+  b.whole = std::move(w);
   return b;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -99,6 +100,14 @@ class VolumeStore {
                          const std::vector<uint64_t>& sums, bool sync);
 
   const std::string dir_;
+  // Contents lately served to peers, open (GetBlock is asked once per block: one open and
+  // parse of `.sums` per file, not per block). Forgotten by Drop and a failed CheckBlock.
+  static constexpr size_t kServing = 64;
+  absl::Mutex serving_mu_;
+  std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<const Whole>> serving_
+      ABSL_GUARDED_BY(serving_mu_);
+  void ForgetServing(uint32_t vol, uint64_t file_id) ABSL_LOCKS_EXCLUDED(serving_mu_);
+
   absl::Mutex fetch_mu_;
   std::set<std::pair<uint32_t, uint64_t>> fetching_ ABSL_GUARDED_BY(fetch_mu_);  // being copied
   absl::CondVar fetched_;                                                        // a copy ended
