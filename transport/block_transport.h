@@ -14,7 +14,7 @@
 // RDMA-WRITEs the block into the client's registered buffer). SelectTransport picks one at start.
 //
 // Inside: wire.h (the protocol), socket_util.h (blocking sockets with timeouts), tcp_transport.cc
-// (the server for both transports, and the TCP client), select.cc (SelectTransport,
+// (the server for both transports), tcp_client.cc (the TCP client), select.cc (SelectTransport,
 // StartBlockServer), rdma/ (the RDMA unit, front door rdma/rdma.h: sessions, buffer pools and
 // recovery over a verbs seam; libibverbs only with cmake -DEMBER_RDMA=ON, the default; it plugs
 // into the server through qp_responder.h).
@@ -28,6 +28,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/ids.h"
@@ -49,6 +50,12 @@ class BlockSource {
   // nullopt when the block is not resident. The block may come as bytes in memory (data) or as a
   // file range; both transports send either.
   virtual std::optional<Block> Get(const BlockAddr& addr) = 0;
+  // A call from a peer (BlockTransport::Call): the node's request and answer, opaque here (a
+  // node asks another to copy a volume file from it, say). May take long: the connection waits.
+  // Returns: the answer (at most kMaxCallLength bytes); Unimplemented when the node takes none.
+  virtual absl::StatusOr<std::string> Call(std::string_view /*request*/) {
+    return absl::UnimplementedError("this node takes no calls");
+  }
 };
 
 struct TransportOptions {
@@ -99,6 +106,12 @@ class BlockTransport {
   virtual void FetchMany(const std::string& peer, std::span<FetchPiece> pieces) {
     for (FetchPiece& p : pieces) p.status = Fetch(peer, p.addr, 0, p.length, p.buf, &p.info);
   }
+  // Sends `request` (at most 1 MiB) to the peer's BlockSource::Call and waits up to `timeout`
+  // for its answer. Always over TCP. Returns: the answer; Unavailable (connect, I/O, timeout,
+  // the peer's handler failed or takes no calls); PermissionDenied (token); InvalidArgument (a
+  // request over the limit, or a peer too old to know calls).
+  virtual absl::StatusOr<std::string> Call(const std::string& peer, std::string_view request,
+                                           std::chrono::milliseconds timeout) = 0;
 };
 
 class BlockServer {

@@ -31,6 +31,14 @@ class FileSource : public BlockSource {
     if (it == blocks_.end()) return std::nullopt;
     return it->second;
   }
+  // Calls: "fail" fails, "" is not taken, anything else comes back reversed after `call_delay`.
+  absl::StatusOr<std::string> Call(std::string_view request) override {
+    if (request.empty()) return BlockSource::Call(request);
+    if (request == "fail") return absl::InternalError("asked to fail");
+    std::this_thread::sleep_for(call_delay);
+    return std::string(request.rbegin(), request.rend());
+  }
+  std::chrono::milliseconds call_delay{0};
 
  private:
   int fd_;
@@ -452,6 +460,54 @@ TEST_F(TcpTransportTest, WithoutAResponderQueuePairsAreRefused) {
   char c;
   EXPECT_LE(recv(fd, &c, 1, 0), 0);  // then closed
   close(fd);
+}
+
+TEST_F(TcpTransportTest, CallsReachTheSourceAndCarryItsAnswer) {
+  auto client = NewTcpTransport(options_);
+  std::string big(200'000, 'x');
+  big[7] = 'y';
+  // An answer slower than the server's I/O timeout: the call's own limit is what counts.
+  source_->call_delay = std::chrono::milliseconds(1200);
+  auto answer = client->Call(peer_, big, std::chrono::seconds(10));
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(*answer, std::string(big.rbegin(), big.rend()));
+  // A slower answer than the caller waits for: Unavailable, not a hang.
+  source_->call_delay = std::chrono::milliseconds(1500);
+  auto late = client->Call(peer_, "abc", std::chrono::milliseconds(300));
+  EXPECT_TRUE(absl::IsUnavailable(late.status())) << late.status();
+  source_->call_delay = std::chrono::milliseconds(0);
+  // The source's failures and a source that takes no calls.
+  auto failed = client->Call(peer_, "fail", std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
+  auto untaken = client->Call(peer_, "", std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(untaken.status())) << untaken.status();
+  EXPECT_NE(untaken.status().message().find("unsupported"), std::string::npos) << untaken.status();
+  // Over the limit: refused before it is sent.
+  auto huge = client->Call(peer_, std::string(kMaxCallLength + 1, 'z'), std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsInvalidArgument(huge.status())) << huge.status();
+  // A wrong token.
+  TransportOptions other = options_;
+  other.token = "wrong";
+  auto refused = NewTcpTransport(other)->Call(peer_, "abc", std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsPermissionDenied(refused.status())) << refused.status();
+  ExpectServerStillServes();
+}
+
+TEST_F(TcpTransportTest, ACallFrameClaimingTooMuchIsRefused) {
+  int fd = RawConnection(options_.token);
+  transport::Call c;
+  c.request_id = 9;
+  c.length = 4;
+  std::string f = EncodeCall(c);
+  f[kCallSize - 1] = static_cast<char>(0x7f);  // length ~2 GiB
+  ASSERT_TRUE(WriteFull(fd, f.data(), f.size()).ok());
+  std::string pf(kResponseSize, '\0');
+  ASSERT_TRUE(ReadFull(fd, pf.data(), pf.size()).ok());
+  auto resp = DecodeResponse(pf);
+  ASSERT_TRUE(resp.has_value());
+  EXPECT_EQ(resp->status, WireStatus::kBadRequest);
+  close(fd);
+  ExpectServerStillServes();
 }
 
 }  // namespace

@@ -212,6 +212,23 @@ std::optional<Response> DecodeResponse(std::string_view f) {
   return p;
 }
 
+std::string EncodeCall(const Call& c) {
+  Writer w(FrameType::kCall);
+  w.U64(c.request_id);
+  w.U32(c.length);
+  return w.Take();
+}
+
+std::optional<Call> DecodeCall(std::string_view f) {
+  Reader r(f, FrameType::kCall, kCallSize);
+  if (!r.ok()) return std::nullopt;
+  Call c;
+  c.request_id = r.U64();
+  c.length = r.U32();
+  if (!r.ok() || c.length > kMaxCallLength) return std::nullopt;
+  return c;
+}
+
 size_t ClientFrameSize(std::string_view header) {
   if (header.size() < kHeaderSize) return 0;
   auto u = [&](size_t off, int n) {
@@ -228,6 +245,8 @@ size_t ClientFrameSize(std::string_view header) {
       return kRequestSize;
     case FrameType::kQpInfo:
       return kQpInfoSize;
+    case FrameType::kCall:
+      return kCallSize;
     default:
       return 0;
   }

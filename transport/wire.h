@@ -29,7 +29,8 @@ enum class FrameType : uint16_t {
   kAuthReply = 3,
   kRequest = 4,
   kResponse = 5,
-  kQpInfo = 6
+  kQpInfo = 6,
+  kCall = 7,  // a node-to-node call (BlockSource::Call); its payload follows the frame
 };
 
 // Every frame starts with magic (4), version (2) and type (2).
@@ -88,6 +89,18 @@ struct Response {
   uint32_t length = 0;          // payload bytes that follow
 };
 inline constexpr size_t kResponseSize = 4 + 2 + 2 + 4 + 8 + 8 + 4 + 4;
+
+// A call: `length` payload bytes follow the frame; the answer is a Response whose `length`
+// payload bytes follow it (block fields 0).
+inline constexpr uint32_t kMaxCallLength = 1u << 20;
+struct Call {
+  uint64_t request_id = 0;
+  uint32_t length = 0;
+};
+inline constexpr size_t kCallSize = 4 + 2 + 2 + 8 + 4;
+std::string EncodeCall(const Call& c);
+// nullopt for a bad frame or a length over kMaxCallLength.
+std::optional<Call> DecodeCall(std::string_view frame);
 
 // A request for [offset, offset+length) of a block, its id filled in.
 Request MakeRequest(uint64_t request_id, const BlockAddr& addr, uint64_t offset, uint32_t length);

@@ -140,6 +140,10 @@ class FakeTransport : public transport::BlockTransport {
     if (corrupt || static_cast<int64_t>(addr.index) == corrupt_index) buf[0] ^= 1;
     return absl::OkStatus();
   }
+  absl::StatusOr<std::string> Call(const std::string&, std::string_view,
+                                   std::chrono::milliseconds) override {
+    return absl::UnavailableError("no calls in this test");
+  }
   std::atomic<int> fetches{0};
   std::atomic<bool> corrupt{false};
   std::atomic<int64_t> corrupt_index{-1};  // only this block's bytes are wrong

@@ -30,6 +30,11 @@ class RdmaTransport final : public BlockTransport {
   ~RdmaTransport() override = default;
   const char* name() const override { return "rdma"; }
 
+  absl::StatusOr<std::string> Call(const std::string& peer, std::string_view request,
+                                   std::chrono::milliseconds timeout) override {
+    return tcp_->Call(peer, request, timeout);  // calls are small: always over TCP
+  }
+
   absl::Status Fetch(const std::string& peer, const BlockAddr& addr, uint64_t offset,
                      uint32_t length, char* buf, FetchInfo* info) override {
     if (length > kMaxLength) return absl::InvalidArgumentError("length over the limit");
