@@ -42,6 +42,17 @@ class CacheBlockSource final : public transport::BlockSource {
   CacheBlockSource(BlockCache* cache, VolumeStore* volumes) : cache_(cache), volumes_(volumes) {}
   // Set once the read path exists (the server starts before it); it outlives the server.
   void SetReadPath(ReadPath* read_path) { read_path_ = read_path; }
+  // Set once the volumes exist; null (before they go away) waits for the calls in progress.
+  void SetVolumes(VolumeFs* volumes) ABSL_LOCKS_EXCLUDED(calls_mu_) {
+    absl::WriterMutexLock lock(&calls_mu_);
+    volume_fs_ = volumes;
+  }
+  absl::StatusOr<std::string> Call(std::string_view request) override
+      ABSL_LOCKS_EXCLUDED(calls_mu_) {
+    absl::ReaderMutexLock lock(&calls_mu_);
+    if (volume_fs_ == nullptr) return absl::UnavailableError("the node is starting or stopping");
+    return volume_fs_->ServeCall(request);
+  }
   std::optional<Block> Get(const BlockAddr& addr) override {
     static metrics::Counter* const from_memory = metrics::Global().GetCounter(
         "ember_peer_blocks_served_total", "Blocks sent to peers, by where they were read from.",
@@ -82,6 +93,8 @@ class CacheBlockSource final : public transport::BlockSource {
   BlockCache* cache_;
   VolumeStore* volumes_;
   std::atomic<ReadPath*> read_path_{nullptr};
+  absl::Mutex calls_mu_;
+  VolumeFs* volume_fs_ ABSL_GUARDED_BY(calls_mu_) = nullptr;
 };
 
 namespace {
@@ -204,6 +217,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
       [r = a->repairer_.get()](const BlockAddr& addr) { r->Enqueue(addr); });
   a->volume_fs_ = std::make_unique<VolumeFs>(a->meta_.get(), a->volume_store_.get(),
                                              a->transport_.get(), a->options_.node_id);
+  a->block_source_->SetVolumes(a->volume_fs_.get());
   a->fs_ =
       std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(), a->volume_fs_.get());
   a->prefetch_ = std::make_unique<PrefetchRunner>(
@@ -274,6 +288,7 @@ NodeAgent::~NodeAgent() {
   prefetch_.reset();                 // its workers use the read path
   if (handover_) handover_->StopListening();
   mount_.reset();  // unmount (unless handed over) before the filesystem it serves goes away
+  if (block_source_) block_source_->SetVolumes(nullptr);  // waits for peers' calls in progress
   if (handover_ && handover_->Requested()) {
     // Close everything the successor opens (cache index, ports), then hand the mount over.
     fs_.reset();

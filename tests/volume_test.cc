@@ -301,5 +301,88 @@ TEST_F(VolumeTest, TorchSavesAndLoadsAStateDictThroughTheMounts) {
   EXPECT_EQ(out, "4\n");
 }
 
+// --replicas 2 on three nodes: n1 and n2 in rack r1, n3 in rack r2.
+class ReplicatedVolumeTest : public VolumeTest {
+ protected:
+  void SetUp() override {
+    if (const char* u = std::getenv("EMBER_TEST_FUSE_URING"); u != nullptr && *u == '1') {
+      GTEST_SKIP() << "replicas do not depend on the FUSE transport: run once";
+    }
+    meta_ = std::make_unique<MetaProcess>(dir_.Sub("meta"), "2s");
+    fs::create_directories(dir_.Sub("upload"));
+    auto r = Ember(
+        {"volume", "add", "ckpt", dir_.Sub("upload"), "--block-size", "1MiB", "--replicas", "2"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    a_ = Node("n1", 51, "rack=r1");
+    b_ = Node("n2", 52, "rack=r1");
+    c_ = Node("n3", 53, "rack=r2");
+    ASSERT_TRUE(a_ && b_ && c_);
+  }
+  std::unique_ptr<NodeProcess> Node(const std::string& id, int host, const std::string& labels) {
+    NodeProcess::Options o;
+    o.id = id;
+    o.listen_host = absl::StrCat("127.0.0.", host);
+    o.extra_args = {"--labels", labels};
+    auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
+    if (!n->Start()) return nullptr;
+    return n;
+  }
+  std::string C(const std::string& rel) { return c_->mount() + "/ckpt/" + rel; }
+  // The file's record in `ember volume status --json`.
+  json Status(const std::string& name) {
+    auto r = Ember({"volume", "status", "ckpt", "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const json all = json::parse(r.out);
+    for (const auto& f : all["files"]) {
+      if (f["path"] == name) return f;
+    }
+    return json();
+  }
+  std::unique_ptr<NodeProcess> c_;
+};
+
+TEST_F(ReplicatedVolumeTest, AFileSurvivesItsWriterAfterCloseFromTheCopyInAnotherRack) {
+  const std::string data = Random(5 * kMiB + 77, 21);
+  ASSERT_EQ(Save(A("step_1.pt"), data, /*fsync_it=*/false), 0);  // close alone
+  json st = Status("step_1.pt");
+  EXPECT_EQ(st["state"], "replicated") << st.dump();
+  // The copy went to the other rack, and is whole there before the close returned.
+  EXPECT_EQ(st["holders"], json::array({"n1", "n3"})) << st.dump();
+  a_->Kill(SIGKILL);
+  // n2 has no copy: it reads n3's; n3 reads its own.
+  EXPECT_TRUE(Load(B("step_1.pt")) == data);
+  EXPECT_TRUE(Load(C("step_1.pt")) == data);
+  // fsync makes the same promise for a file still open.
+  const std::string more = Random(2 * kMiB, 22);
+  int fd = open(B("step_2.pt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, more.data(), more.size()), static_cast<ssize_t>(more.size()));
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+  EXPECT_EQ(Status("step_2.pt")["state"], "replicated");
+  b_->Kill(SIGKILL);
+  close(fd);
+  EXPECT_TRUE(Load(C("step_2.pt")) == more);
+}
+
+TEST_F(ReplicatedVolumeTest, TooFewNodesFailTheCloseAndCommitNothing) {
+  const std::string old = Random(kMiB, 23);
+  ASSERT_EQ(Save(A("w.pt"), old), 0);
+  // Only n1 is left: a second copy cannot be made. fsync and close say so; nobody sees the
+  // new bytes, and the file keeps its copies.
+  ASSERT_TRUE(b_->Stop());
+  c_->Kill(SIGKILL);
+  int fd = open(A("w.pt").c_str(), O_WRONLY | O_TRUNC);
+  ASSERT_GE(fd, 0);
+  const std::string next = Random(kMiB, 24);
+  ASSERT_EQ(write(fd, next.data(), next.size()), static_cast<ssize_t>(next.size()));
+  EXPECT_EQ(fsync(fd), -1);
+  EXPECT_EQ(errno, EIO);
+  EXPECT_EQ(close(fd), -1);
+  EXPECT_TRUE(Load(A("w.pt")) == old);
+  json st = Status("w.pt");
+  EXPECT_EQ(st["state"], "replicated") << st.dump();
+  EXPECT_EQ(st["size"], kMiB) << st.dump();
+}
+
 }  // namespace
 }  // namespace ember

@@ -74,10 +74,8 @@ void AddVolumeCommand(CLI::App& app) {
       }
       std::cout << "added volume " << v->name() << " (" << v->replicas() << " replica(s), origin "
                 << v->origin() << ")\n"
-                << "note: the upload to the origin"
-                << (v->replicas() > 1 ? " and copies to other nodes are" : " is")
-                << " not built yet: files stay on the node that wrote them (docs/operations.md, "
-                   "\"Checkpoints\")\n";
+                << "note: the upload to the origin is not built yet: files stay on the nodes "
+                   "holding them (docs/operations.md, \"Checkpoints\")\n";
     });
   }
 

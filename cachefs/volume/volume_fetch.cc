@@ -62,33 +62,8 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
     return ErrnoStatus(
         EIO, absl::StrCat("'", n.name(), "': no other node holding its contents ", "is known"));
   }
-  // A batch from the first holder that has it all; pieces it lacks from the next one.
-  auto read_blocks = [&](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
-    std::vector<transport::FetchPiece> want;
-    for (const auto& p : pieces) {
-      transport::FetchPiece f;
-      f.addr = BlockAddr{vol, meta::kVolumeDataVersion, n.file_id(), p.index};
-      f.length = static_cast<uint32_t>(p.len);
-      f.buf = p.buf;
-      f.status = absl::UnavailableError("not asked yet");
-      want.push_back(f);
-    }
-    for (const auto& peer : peers) {
-      std::vector<transport::FetchPiece> missing;
-      std::vector<size_t> at;  // missing[k] is want[at[k]]
-      for (size_t i = 0; i < want.size(); ++i) {
-        if (want[i].status.ok()) continue;
-        missing.push_back(want[i]);
-        at.push_back(i);
-      }
-      if (missing.empty()) break;
-      transport_->FetchMany(peer, missing);
-      for (size_t k = 0; k < missing.size(); ++k) want[at[k]].status = missing[k].status;
-    }
-    for (const auto& f : want) RETURN_IF_ERROR(f.status);
-    return absl::OkStatus();
-  };
-  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums, read_blocks);
+  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums,
+                             FromPeers(vol, n.file_id(), peers));
   if (!whole.ok()) {
     spdlog::warn("volume: contents of '{}' could not be copied from {}: {}", n.name(),
                  peers.front(), std::string(whole.status().message()));

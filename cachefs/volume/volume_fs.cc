@@ -184,7 +184,9 @@ absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
   c->set_file_id(writing_id_);
   c->set_size(SizeLocked());
   for (uint64_t s : sums) c->add_checksums(s);
-  c->add_holders(fs_->node_id_);
+  ASSIGN_OR_RETURN(std::vector<std::string> holders,
+                   fs_->Replicate(at_, writing_id_, c->size(), block_size_, sums));
+  for (auto& h : holders) c->add_holders(std::move(h));
   c->set_keep_lease(keep_lease);
   absl::StatusOr<rpc::VolumeOpReply> r = fs_->Op(at_, req);
   if (!r.ok()) return r.status();  // the staging file stays: a later flush tries again

@@ -16,9 +16,11 @@
 //                      kernel: timeouts 0) and, when this node lacks the contents, copies them
 //                      from a holder over the block transport, every block checked against the
 //                      checksums meta recorded at the commit.
-// Not built yet (docs/architecture.md, "Where this is going"): copies to `--replicas - 1` peers
-// before a commit (a file is committed with this node alone: state `local`), the upload to the
-// origin, restore from the origin, keeping open write handles across an agent restart.
+//   replicas           before the commit, `--replicas - 1` other nodes copy the sealed contents
+//                      from the writer and sync them (volume_replicas.cc); the commit names them
+//                      all, or fails with EIO when too few could (nothing is committed then).
+// Not built yet (docs/architecture.md, "Where this is going"): the upload to the origin,
+// restore from the origin, keeping open write handles across an agent restart.
 //
 // Thread-safe.
 #pragma once
@@ -27,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -82,6 +85,11 @@ class VolumeFs {
                                 const FileSystem::SetAttrs& attrs);
   absl::StatusOr<std::string> GetXattr(uint64_t ino, const std::string& name);
 
+  // A peer's call (transport::BlockSource::Call): VolumeReplicate, copy contents from the
+  // writer, synced, before answering. Returns: the NodeCallReply (its error says what failed);
+  // InvalidArgument for a request that is not a call this node knows.
+  absl::StatusOr<std::string> ServeCall(std::string_view request);
+
  private:
   class File;
   friend class File;
@@ -100,6 +108,16 @@ class VolumeFs {
                                                                   const rpc::VolumeInode& n,
                                                                   uint64_t block_size);
   absl::StatusOr<std::string> PeerAddress(const std::string& node_id);
+  // Reads blocks of contents `file_id` from `peers`, each piece from the first that has it.
+  VolumeStore::BatchReader FromPeers(uint32_t vol, uint64_t file_id,
+                                     std::vector<std::string> peers);
+  uint32_t ReplicasOf(uint32_t vol_id);
+  // Copies sealed contents `file_id` of `at` (this node's) to the volume's `replicas - 1` other
+  // nodes (volume_replicas.cc). Returns: the holders, this node first; EIO when too few nodes
+  // took a copy (naming each failure).
+  absl::StatusOr<std::vector<std::string>> Replicate(const Ref& at, uint64_t file_id, uint64_t size,
+                                                     uint64_t block_size,
+                                                     const std::vector<uint64_t>& sums);
   // A handle for writing `n` (whose lease this node holds): staging from empty or from its
   // current contents.
   absl::StatusOr<std::unique_ptr<File>> OpenForWrite(const Ref& at, const rpc::VolumeInode& n,

@@ -212,7 +212,7 @@ absl::StatusOr<std::vector<uint64_t>> VolumeStore::Seal(uint32_t vol, uint64_t f
 
 absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
-    const std::vector<uint64_t>& sums, const BatchReader& read_blocks) {
+    const std::vector<uint64_t>& sums, const BatchReader& read_blocks, bool durable) {
   // One copy of a contents id at a time; copies of different ids run side by side.
   const std::pair<uint32_t, uint64_t> key{vol, file_id};
   {
@@ -225,7 +225,15 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     fetching_.erase(key);
     fetched_.SignalAll();
   };
-  if (auto have = Open(vol, file_id); have.ok()) return have;
+  if (auto have = Open(vol, file_id); have.ok()) {
+    if (!durable) return have;
+    // A copy made for reading was not synced: make it what a replica promises.
+    const std::string path = PathOf(vol, file_id);
+    RETURN_IF_ERROR(SyncPath(path));
+    RETURN_IF_ERROR(SyncPath(path + ".sums"));
+    RETURN_IF_ERROR(SyncPath(absl::StrCat(dir_, "/", vol)));
+    return have;
+  }
   const uint64_t blocks = (size + block_size - 1) / block_size;
   if (sums.size() != blocks) {
     return absl::InternalError(absl::StrCat("contents ", file_id, " of ", size, " bytes need ",
@@ -254,10 +262,11 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
       }
     }
   }
+  if (st.ok() && durable && fdatasync(fd) != 0) st = Errno("cannot sync", PathOf(vol, file_id));
   close(fd);
-  // Not synced: a copy is not what a commit promised, and its reads check every block against
-  // `sums` (a copy torn by a power loss is dropped then and copied again).
-  if (st.ok()) st = WriteSums(vol, file_id, size, block_size, sums, /*sync=*/false);
+  // A copy for reading is not synced: its reads check every block against `sums` (a copy torn
+  // by a power loss is dropped then and copied again). A replica is (the commit counts on it).
+  if (st.ok()) st = WriteSums(vol, file_id, size, block_size, sums, /*sync=*/durable);
   if (!st.ok()) {
     Drop(vol, file_id);
     return st;

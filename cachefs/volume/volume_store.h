@@ -9,7 +9,8 @@
 // A contents id names bytes that never change once they are whole: `.sums` is written only after
 // the bytes are, by Seal (a writer's commit: bytes, `.sums` and directory synced) or by Fetch (a
 // copy from a peer, every block checked against meta's checksums; not synced: reads check every
-// block again, so a copy torn by a power loss is found and copied anew). A file without
+// block again, so a copy torn by a power loss is found and copied anew; a replica, Fetch with
+// `durable`, is synced like a writer's). A file without
 // `.sums` is a writer's staging file, or a copy that never finished (never served).
 //
 // Thread-safe: files are the state; concurrent Fetches of one contents id are serialized.
@@ -66,8 +67,10 @@ class VolumeStore {
 
   // Copies whole contents from peers: `read_blocks(pieces)` fills each piece's block `index`
   // (len bytes into buf), a batch at a time; each block must match `sums`. Copies of one id are
-  // serialized (the second finds the first's), of different ids run at once. Returns: the
-  // contents; the reader's error, or DataLoss for bytes that did not match.
+  // serialized (the second finds the first's), of different ids run at once. `durable`: a
+  // replica a writer's commit counts on: bytes, `.sums` and directory synced before it returns
+  // (also when the contents were already here). Returns: the contents; the reader's error, or
+  // DataLoss for bytes that did not match.
   struct Piece {
     uint64_t index = 0;
     char* buf = nullptr;
@@ -77,7 +80,8 @@ class VolumeStore {
   absl::StatusOr<std::shared_ptr<const Whole>> Fetch(uint32_t vol, uint64_t file_id, uint64_t size,
                                                      uint64_t block_size,
                                                      const std::vector<uint64_t>& sums,
-                                                     const BatchReader& read_blocks);
+                                                     const BatchReader& read_blocks,
+                                                     bool durable = false);
 
   // Removes a contents id's files (staging or whole).
   void Drop(uint32_t vol, uint64_t file_id);

@@ -1,0 +1,176 @@
+// VolumeFs's replicas (volume_fs.h): before a commit, the writer asks `replicas - 1` other nodes
+// to copy the sealed contents from it (a call over the block transport, VolumeReplicate); each
+// pulls the blocks with pipelined block requests, checks every one against the checksums in the
+// call, syncs its copy and only then answers. The commit names every node that answered.
+//
+// Which nodes: live ones, those in another `rack` (then another `switch`) than the writer first,
+// so that the copies do not share a failure domain when the labels say there are several; among
+// equals, a spread by contents id so that many writers do not all pick the same node.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cachefs/volume/volume_fs.h"
+#include "common/status.h"
+
+namespace ember::cachefs {
+namespace {
+
+std::string Label(const rpc::Node& n, const std::string& key) {
+  auto it = n.labels().find(key);
+  return it == n.labels().end() ? "" : it->second;
+}
+
+// How long a peer may take to copy `size` bytes: generous (the disk is shared with the writer),
+// but bounded so that a stuck peer fails the commit instead of hanging the close.
+std::chrono::milliseconds CopyTimeout(uint64_t size) {
+  return std::chrono::milliseconds(30'000 + size / (20 << 10));  // 30 s + 20 MB/s
+}
+
+}  // namespace
+
+VolumeStore::BatchReader VolumeFs::FromPeers(uint32_t vol, uint64_t file_id,
+                                             std::vector<std::string> peers) {
+  // A batch from the first peer that has it all; pieces it lacks from the next one.
+  return [this, vol, file_id, peers = std::move(peers)](std::vector<VolumeStore::Piece>& pieces) {
+    std::vector<transport::FetchPiece> want;
+    for (const auto& p : pieces) {
+      transport::FetchPiece f;
+      f.addr = BlockAddr{vol, meta::kVolumeDataVersion, file_id, p.index};
+      f.length = static_cast<uint32_t>(p.len);
+      f.buf = p.buf;
+      f.status = absl::UnavailableError("not asked yet");
+      want.push_back(f);
+    }
+    for (const auto& peer : peers) {
+      std::vector<transport::FetchPiece> missing;
+      std::vector<size_t> at;  // missing[k] is want[at[k]]
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (want[i].status.ok()) continue;
+        missing.push_back(want[i]);
+        at.push_back(i);
+      }
+      if (missing.empty()) break;
+      transport_->FetchMany(peer, missing);
+      for (size_t k = 0; k < missing.size(); ++k) want[at[k]].status = missing[k].status;
+    }
+    for (const auto& f : want) RETURN_IF_ERROR(f.status);
+    return absl::OkStatus();
+  };
+}
+
+uint32_t VolumeFs::ReplicasOf(uint32_t vol_id) {
+  for (const auto& v : Volumes()) {
+    if (v.id() == vol_id) return std::max<uint32_t>(1, v.replicas());
+  }
+  return 1;
+}
+
+absl::StatusOr<std::vector<std::string>> VolumeFs::Replicate(const Ref& at, uint64_t file_id,
+                                                             uint64_t size, uint64_t block_size,
+                                                             const std::vector<uint64_t>& sums) {
+  std::vector<std::string> holders = {node_id_};
+  const uint32_t want = ReplicasOf(at.vol_id);
+  if (want <= 1 || size == 0) return holders;
+  ASSIGN_OR_RETURN(std::string me, PeerAddress(node_id_));
+  absl::StatusOr<std::vector<rpc::Node>> nodes = meta_->ListNodes();
+  if (!nodes.ok()) return VolumeErrno(nodes.status());
+  rpc::Node self;
+  std::vector<rpc::Node> candidates;
+  for (auto& n : *nodes) {
+    if (n.id() == node_id_) {
+      self = n;
+    } else if (n.state() == rpc::Node::ALIVE && !n.address().empty()) {
+      candidates.push_back(std::move(n));
+    }
+  }
+  const std::string rack = Label(self, "rack"), sw = Label(self, "switch");
+  auto rank = [&](const rpc::Node& n) {
+    const bool same_rack = !rack.empty() && Label(n, "rack") == rack;
+    const bool same_switch = !sw.empty() && Label(n, "switch") == sw;
+    return std::make_tuple(same_rack, same_switch, absl::HashOf(file_id, n.id()));
+  };
+  std::sort(candidates.begin(), candidates.end(),
+            [&](const rpc::Node& a, const rpc::Node& b) { return rank(a) < rank(b); });
+
+  rpc::NodeCall call;
+  auto* r = call.mutable_replicate();
+  r->set_volume(at.vol_id);
+  r->set_file_id(file_id);
+  r->set_size(size);
+  r->set_block_size(block_size);
+  for (uint64_t s : sums) r->add_checksums(s);
+  r->set_source(me);
+  const std::string request = call.SerializeAsString();
+  std::vector<std::string> failures;
+  size_t next = 0;
+  // As many copies at once as are missing; a node that fails is replaced by the next in order.
+  while (holders.size() < want && next < candidates.size()) {
+    std::vector<std::pair<const rpc::Node*, std::future<absl::Status>>> asked;
+    while (holders.size() + asked.size() < want && next < candidates.size()) {
+      const rpc::Node* n = &candidates[next++];
+      asked.emplace_back(n, std::async(std::launch::async, [this, n, &request, size] {
+                           absl::StatusOr<std::string> answer =
+                               transport_->Call(n->address(), request, CopyTimeout(size));
+                           if (!answer.ok()) return answer.status();
+                           rpc::NodeCallReply reply;
+                           if (!reply.ParseFromString(*answer)) {
+                             return absl::DataLossError("a malformed answer");
+                           }
+                           if (!reply.error().empty()) return absl::UnavailableError(reply.error());
+                           return absl::OkStatus();
+                         }));
+    }
+    for (auto& [n, done] : asked) {
+      absl::Status st = done.get();
+      if (st.ok()) {
+        holders.push_back(n->id());
+      } else {
+        failures.push_back(absl::StrCat(n->id(), ": ", st.message()));
+        spdlog::warn("volume {}: node {} did not take a copy of contents {}: {}", at.volume,
+                     n->id(), file_id, std::string(st.message()));
+      }
+    }
+  }
+  if (holders.size() < want) {
+    return ErrnoStatus(
+        EIO, absl::StrCat("volume ", at.volume, " keeps ", want, " copies of a file, but only ",
+                          holders.size(), " could be made (", candidates.size(),
+                          " other live nodes", failures.empty() ? "" : "; ",
+                          absl::StrJoin(failures, "; "), "); the file was not committed"));
+  }
+  return holders;
+}
+
+absl::StatusOr<std::string> VolumeFs::ServeCall(std::string_view request) {
+  rpc::NodeCall call;
+  if (!call.ParseFromArray(request.data(), static_cast<int>(request.size())) ||
+      !call.has_replicate()) {
+    return absl::InvalidArgumentError("not a call this node knows");
+  }
+  const rpc::VolumeReplicate& r = call.replicate();
+  rpc::NodeCallReply reply;
+  const std::vector<uint64_t> sums(r.checksums().begin(), r.checksums().end());
+  if (r.block_size() == 0 || sums.size() != (r.size() + r.block_size() - 1) / r.block_size()) {
+    reply.set_error("a copy asked for with checksums that do not cover its size");
+    return reply.SerializeAsString();
+  }
+  // Contents here already with other checksums: a copy of an earlier seal of the same id (a
+  // commit that failed and was written on): drop it, copy anew.
+  if (auto have = store_->Open(r.volume(), r.file_id()); have.ok() && (*have)->sums != sums) {
+    store_->Drop(r.volume(), r.file_id());
+  }
+  auto whole = store_->Fetch(r.volume(), r.file_id(), r.size(), r.block_size(), sums,
+                             FromPeers(r.volume(), r.file_id(), {r.source()}), /*durable=*/true);
+  if (!whole.ok()) {
+    reply.set_error(absl::StrCat("node ", node_id_, ": ", whole.status().message()));
+  }
+  return reply.SerializeAsString();
+}
+
+}  // namespace ember::cachefs
