@@ -1,14 +1,17 @@
 #!/bin/bash
 # bench_ckpt.sh BUILD [--json]: checkpoints (#23) shaped like MLPerf Storage's checkpointing case,
-# end to end through the mounts of two node processes, beside the machine's ceilings measured in
+# end to end through the mounts of three node processes, beside the machine's ceilings measured in
 # the same run. Not a test. Part of `make bench` (bench.sh). RANKS (default 4) shards of SHARD_MIB
 # (default 512) MiB each, from a random source in the page cache:
 #   save      RANKS writers at once, each `dd bs=1M conv=fsync` into /MOUNT/ckpt/step/rankN.pt on
 #             node a (a volume with --replicas 1), then the directory renamed: wall time until the
 #             last writer's close returned (the data is committed: synced, checksummed, in meta);
+#   save x2   the same into a volume with --replicas 2 (node b or c copies every shard from
+#             node a, checks and syncs it, before each close returns);
 #   local     the same writers into a directory of this disk (the ceiling: what the writers get
 #             with no Ember; the origin directory is on this disk too, so writing straight to the
-#             origin is the same figure);
+#             origin is the same figure); "local x2": the same bytes written twice at once (two
+#             directories), what two copies cost on this one disk;
 #   restore   node b (empty cache), page cache dropped on the machine: RANKS readers read every
 #             shard at once (copied from node a over the peer transport, each block checked);
 #   ceilings  raw TCP over loopback (peer_bench), the shards read from this disk with the page
@@ -25,8 +28,8 @@ PORT=$((20000 + RANDOM % 20000))
 : > "$OUT/ckpt.json"
 
 stop_all
-rm -rf "$WORK/a" "$WORK/b" "$WORK/meta" "$WORK/upload" "$WORK/local"
-mkdir -p "$WORK/upload" "$WORK/local"
+rm -rf "$WORK/a" "$WORK/b" "$WORK/c" "$WORK/meta" "$WORK/upload" "$WORK/local" "$WORK/local2"
+mkdir -p "$WORK/upload" "$WORK/upload2" "$WORK/local" "$WORK/local2"
 [ -f "$WORK/src" ] || "$B/read_bench" gen "$WORK/src" $((SHARD_MIB << 20)) 11 > /dev/null
 
 "$B/ember" meta --listen "127.0.0.1:$PORT" --data-dir "$WORK/meta" > "$WORK/meta.log" 2>&1 &
@@ -34,17 +37,21 @@ PIDS+=($!)
 wait_for_log "$WORK/meta.log" "serving" "${PIDS[0]}"
 export EMBER_META=127.0.0.1:$PORT
 "$B/ember" volume add ckpt "$WORK/upload" > /dev/null
+"$B/ember" volume add ckpt2 "$WORK/upload2" --replicas 2 > /dev/null
 start_node a 2 16GiB
 start_node b 3 16GiB
+start_node c 4 16GiB
 
 mibs() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.0f", b / 1048576 / s }'; }
-writers() {  # DIR: RANKS dd writers of the source into DIR/rankN.pt with fsync; prints seconds
-  local t0 w=()
+writers() {  # DIR...: RANKS dd writers of the source into each DIR/rankN.pt with fsync; seconds
+  local t0 w=() d
   cat "$WORK/src" > /dev/null
   t0=$(now)
-  for i in $(seq 0 $((RANKS - 1))); do
-    dd if="$WORK/src" of="$1/rank$i.pt" bs=1M conv=fsync status=none &
-    w+=($!)
+  for d in "$@"; do
+    for i in $(seq 0 $((RANKS - 1))); do
+      dd if="$WORK/src" of="$d/rank$i.pt" bs=1M conv=fsync status=none &
+      w+=($!)
+    done
   done
   wait "${w[@]}"
   secs "$t0" "$(now)"
@@ -63,6 +70,11 @@ readers() {  # DIR: RANKS readers of DIR/rankN.pt at once; prints seconds
 say "local disk: $RANKS writers of $SHARD_MIB MiB with fsync"
 sync
 LOCAL=$(writers "$WORK/local")
+say "local disk: the same bytes twice at once (two copies on this disk)"
+rm -f "$WORK"/local/*
+sync
+LOCAL2=$(writers "$WORK/local" "$WORK/local2")
+rm -f "$WORK"/local2/*
 say "Ember save through node a"
 mkdir "$WORK/a/mnt/ckpt/step.tmp"
 sync
@@ -70,6 +82,15 @@ t0=$(now)
 SAVE_W=$(writers "$WORK/a/mnt/ckpt/step.tmp")
 mv "$WORK/a/mnt/ckpt/step.tmp" "$WORK/a/mnt/ckpt/step"
 SAVE=$(secs "$t0" "$(now)")
+say "Ember save through node a, --replicas 2"
+mkdir "$WORK/a/mnt/ckpt2/step.tmp"
+sync
+t0=$(now)
+writers "$WORK/a/mnt/ckpt2/step.tmp" > /dev/null
+mv "$WORK/a/mnt/ckpt2/step.tmp" "$WORK/a/mnt/ckpt2/step"
+SAVE2=$(secs "$t0" "$(now)")
+"$B/ember" volume status ckpt2 --json | grep -c '"replicated"' | grep -qx "$RANKS" ||
+  { say "--replicas 2: not every shard is replicated"; exit 1; }
 say "restore on node b (page cache dropped)"
 drop_caches
 RESTORE=$(readers "$WORK/b/mnt/ckpt/step")
@@ -104,9 +125,13 @@ echo "| case | Ember | ceiling | ceiling figure | ratio |"
 echo "| --- | --- | --- | --- | --- |"
 row save "save, --replicas 1 (writers' close, then rename)" "$(mibs $BYTES "$SAVE")" \
   "local disk, same writers with fsync" "$(mibs $BYTES "$LOCAL")"
+row save2 "save, --replicas 2" "$(mibs $BYTES "$SAVE2")" \
+  "local disk, same writers with fsync" "$(mibs $BYTES "$LOCAL")"
+row save2-two "save, --replicas 2, against two copies" "$(mibs $BYTES "$SAVE2")" \
+  "local disk, the bytes twice at once" "$(mibs $BYTES "$LOCAL2")"
 row save-direct "save against O_DIRECT writers" "$(mibs $BYTES "$SAVE")" \
   "$RANKS O_DIRECT writers" "$(mibs $BYTES "$DIRECT")"
 row restore "restore on a fresh node, $RANKS readers" "$(mibs $BYTES "$RESTORE")" \
   "min(raw TCP, disk read)" "$CEIL_RESTORE"
 echo
-echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s, O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s, raw TCP $TCP MiB/s; Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s."
+echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s (twice at once: $(mibs $BYTES "$LOCAL2") MiB/s of each copy), O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s, raw TCP $TCP MiB/s; Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s."

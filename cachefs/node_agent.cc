@@ -27,6 +27,7 @@
 #include "cachefs/repair.h"
 #include "cachefs/volume/volume_fs.h"
 #include "cachefs/volume/volume_store.h"
+#include "cachefs/volume/volume_upload.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/units.h"
@@ -215,8 +216,11 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   a->repairer_ = std::make_unique<Repairer>(a->namespace_.get(), a->read_path_.get());
   a->cache_->SetQuarantineListener(
       [r = a->repairer_.get()](const BlockAddr& addr) { r->Enqueue(addr); });
-  a->volume_fs_ = std::make_unique<VolumeFs>(a->meta_.get(), a->volume_store_.get(),
-                                             a->transport_.get(), a->options_.node_id);
+  a->uploader_ =
+      std::make_unique<VolumeUploader>(a->meta_.get(), a->volume_store_.get(), a->options_.node_id);
+  a->volume_fs_ =
+      std::make_unique<VolumeFs>(a->meta_.get(), a->volume_store_.get(), a->transport_.get(),
+                                 a->options_.node_id, a->uploader_.get());
   a->block_source_->SetVolumes(a->volume_fs_.get());
   a->fs_ =
       std::make_unique<DatasetFs>(a->namespace_.get(), a->read_path_.get(), a->volume_fs_.get());
@@ -293,6 +297,7 @@ NodeAgent::~NodeAgent() {
     // Close everything the successor opens (cache index, ports), then hand the mount over.
     fs_.reset();
     volume_fs_.reset();
+    uploader_.reset();
     namespace_.reset();
     read_path_.reset();
     peers_.reset();

@@ -54,6 +54,7 @@ class Repairer;
 class Scrubber;
 class VolumeFs;
 class VolumeStore;
+class VolumeUploader;
 
 struct NodeOptions {
   std::string meta_address;
@@ -144,6 +145,7 @@ class NodeAgent {
   std::unique_ptr<ReadPath> read_path_;
   std::unique_ptr<ManifestCache> manifests_;
   std::unique_ptr<Namespace> namespace_;
+  std::unique_ptr<VolumeUploader> uploader_;  // before volume_fs_: it nudges it
   std::unique_ptr<VolumeFs> volume_fs_;
   std::unique_ptr<DatasetFs> fs_;
   std::unique_ptr<PrefetchRunner> prefetch_;

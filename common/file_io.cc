@@ -21,6 +21,18 @@ bool PreadFull(int fd, uint64_t offset, size_t len, char* buf) {
   return true;
 }
 
+bool PwriteFull(int fd, uint64_t offset, const char* buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = pwrite(fd, buf, len, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    buf += n;
+    len -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
 absl::Status SyncPath(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)

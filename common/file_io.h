@@ -13,6 +13,9 @@ namespace ember {
 // Reads exactly len bytes at offset (retrying short reads and EINTR). Returns: false on an error
 // or EOF.
 bool PreadFull(int fd, uint64_t offset, size_t len, char* buf);
+// Writes exactly len bytes at offset (retrying short writes and EINTR). Returns: false on an
+// error (errno says which).
+bool PwriteFull(int fd, uint64_t offset, const char* buf, size_t len);
 
 // fsync of a file or a directory (its entries) by path. Returns: Ok; Unavailable naming the
 // path and the error.

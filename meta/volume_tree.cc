@@ -135,8 +135,10 @@ absl::Status VolumeCatalog::SetAttr(const rpc::Volume& vol, const rpc::VolumeSet
 absl::Status VolumeCatalog::Persisted(const rpc::Volume& vol, const rpc::VolumePersisted& op,
                                       rpc::VolumeOpReply* reply) {
   ASSIGN_OR_RETURN(rpc::VolumeInode n, Inode(vol.id(), op.ino()));
-  if (n.file_id() == op.file_id() && n.file_id() != 0 && n.state() != rpc::VolumeInode::PERSISTED) {
+  if (n.file_id() == op.file_id() && n.file_id() != 0 &&
+      (n.state() != rpc::VolumeInode::PERSISTED || n.persisted_path() != op.path())) {
     n.set_state(rpc::VolumeInode::PERSISTED);
+    n.set_persisted_path(op.path());
     MetaStore::VolumeChange c;
     Put(&c, vol.id(), n);
     RETURN_IF_ERROR(store_->ApplyVolumeChange(c));

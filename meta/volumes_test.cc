@@ -300,7 +300,11 @@ TEST_F(VolumesTest, ACommitRecordsChecksumsAndReplacesTheContentsWhole) {
   up.mutable_persisted()->set_file_id(synced.file_id());
   EXPECT_EQ(Op(up).inode().state(), rpc::VolumeInode::REPLICATED);
   up.mutable_persisted()->set_file_id(closed.file_id());
+  up.mutable_persisted()->set_path("old/s.pt");
   EXPECT_EQ(Op(up).inode().state(), rpc::VolumeInode::PERSISTED);
+  // A rename carried to the origin records the new path.
+  up.mutable_persisted()->set_path("s.pt");
+  EXPECT_EQ(Op(up).inode().persisted_path(), "s.pt");
   EXPECT_EQ(volumes_->Status("ckpt")->bytes_unpersisted(), 0u);
 }
 

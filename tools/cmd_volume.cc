@@ -122,6 +122,7 @@ void AddVolumeCommand(CLI::App& app) {
                                {"state", meta::VolumeStateName(f.state())},
                                {"holders", holders},
                                {"writer", f.writer()},
+                               {"origin_path", f.persisted_path()},
                                {"generation", f.generation()}});
         }
         json j = VolumeJson(r->volume());

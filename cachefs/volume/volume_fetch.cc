@@ -1,10 +1,15 @@
 // VolumeFs's copies of a file's contents from the nodes holding them (volume_fs.h).
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "cachefs/volume/volume_fs.h"
+#include "common/file_io.h"
 #include "common/status.h"
 
 namespace ember::cachefs {
@@ -58,15 +63,44 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
     if (h == node_id_) continue;  // our copy is gone (dropped as corrupt): others only
     if (auto addr = PeerAddress(h); addr.ok()) peers.push_back(*addr);
   }
-  if (peers.empty()) {
-    return ErrnoStatus(
-        EIO, absl::StrCat("'", n.name(), "': no other node holding its contents ", "is known"));
-  }
-  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums,
-                             FromPeers(vol, n.file_id(), peers));
-  if (!whole.ok()) {
+  absl::Status st = ErrnoStatus(
+      EIO, absl::StrCat("'", n.name(), "': no other node holding its contents is known"));
+  if (!peers.empty()) {
+    auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums,
+                               FromPeers(vol, n.file_id(), peers));
+    if (whole.ok()) return whole;
     spdlog::warn("volume: contents of '{}' could not be copied from {}: {}", n.name(),
                  peers.front(), std::string(whole.status().message()));
+    st = ErrnoStatus(EIO, std::string(whole.status().message()));
+  }
+  // No holder could give them: the origin's copy, if they were uploaded.
+  std::string origin;
+  for (const auto& v : Volumes()) {
+    if (v.id() == vol) origin = v.origin();
+  }
+  if (n.state() != rpc::VolumeInode::PERSISTED || n.persisted_path().empty() || origin.empty()) {
+    return st;
+  }
+  const std::string path = absl::StrCat(origin, "/", n.persisted_path());
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return ErrnoStatus(EIO, absl::StrCat(st.message(), "; and the origin's copy '", path,
+                                         "' cannot be opened: ", strerror(errno)));
+  }
+  auto read_origin = [fd, block_size](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
+    for (const auto& p : pieces) {
+      if (!PreadFull(fd, p.index * block_size, p.len, p.buf)) {
+        return absl::UnavailableError(absl::StrCat("cannot read the origin's copy: ",
+                                                   errno == 0 ? "short file" : strerror(errno)));
+      }
+    }
+    return absl::OkStatus();
+  };
+  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums, read_origin);
+  close(fd);
+  if (!whole.ok()) {
+    spdlog::warn("volume: contents of '{}' could not be read from the origin '{}': {}", n.name(),
+                 path, std::string(whole.status().message()));
     return ErrnoStatus(EIO, std::string(whole.status().message()));
   }
   return whole;

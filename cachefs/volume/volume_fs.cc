@@ -200,6 +200,7 @@ absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
   if (!w.ok()) return ErrnoStatus(EIO, std::string(w.status().message()));
   whole_ = *w;
   checked_.assign(whole_->sums.size(), true);  // just written and checksummed here
+  if (fs_->uploader_ != nullptr) fs_->uploader_->Nudge();
   return absl::OkStatus();
 }
 
@@ -213,8 +214,12 @@ bool VolumeFs::IsVolumeIno(uint64_t ino) {
 }
 
 VolumeFs::VolumeFs(meta::MetaClient* meta, VolumeStore* store, transport::BlockTransport* transport,
-                   std::string node_id)
-    : meta_(meta), store_(store), transport_(transport), node_id_(std::move(node_id)) {}
+                   std::string node_id, VolumeUploader* uploader)
+    : meta_(meta),
+      store_(store),
+      transport_(transport),
+      node_id_(std::move(node_id)),
+      uploader_(uploader) {}
 
 std::vector<rpc::Volume> VolumeFs::Volumes() {
   {

@@ -19,8 +19,11 @@
 //   replicas           before the commit, `--replicas - 1` other nodes copy the sealed contents
 //                      from the writer and sync them (volume_replicas.cc); the commit names them
 //                      all, or fails with EIO when too few could (nothing is committed then).
-// Not built yet (docs/architecture.md, "Where this is going"): the upload to the origin,
-// restore from the origin, keeping open write handles across an agent restart.
+//   upload             in the background, to the volume's origin directory (volume_upload.h);
+//                      then `persisted`. An open on a node when no holder can give the contents
+//                      reads the origin's copy of persisted ones, checked block by block.
+// Not built yet (docs/architecture.md, "Where this is going"): keeping open write handles across
+// an agent restart, pins of unpersisted contents.
 //
 // Thread-safe.
 #pragma once
@@ -37,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cachefs/filesystem.h"
 #include "cachefs/volume/volume_store.h"
+#include "cachefs/volume/volume_upload.h"
 #include "meta/meta_client.h"
 #include "transport/block_transport.h"
 
@@ -53,8 +57,9 @@ class VolumeFs {
   static bool IsVolumeIno(uint64_t ino);
 
   // All must outlive this. `node_id`: this node as meta knows it (write leases, holders).
+  // `uploader` (may be null): nudged after each commit.
   VolumeFs(meta::MetaClient* meta, VolumeStore* store, transport::BlockTransport* transport,
-           std::string node_id);
+           std::string node_id, VolumeUploader* uploader = nullptr);
 
   // The volumes at the root, refreshed from meta at most every couple of seconds.
   std::vector<rpc::Volume> Volumes();
@@ -128,6 +133,7 @@ class VolumeFs {
   VolumeStore* const store_;
   transport::BlockTransport* const transport_;
   const std::string node_id_;
+  VolumeUploader* const uploader_;
 
   absl::Mutex mu_;
   std::vector<rpc::Volume> volumes_ ABSL_GUARDED_BY(mu_);

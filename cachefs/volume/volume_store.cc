@@ -30,18 +30,6 @@ absl::Status Errno(const std::string& what, const std::string& path) {
                      absl::StrCat(what, " '", path, "': ", strerror(err)));
 }
 
-bool WriteFull(int fd, uint64_t offset, const char* buf, size_t len) {
-  while (len > 0) {
-    ssize_t n = pwrite(fd, buf, len, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    buf += n;
-    len -= static_cast<size_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return true;
-}
-
 void PutLe(std::string* s, uint64_t v) {
   for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
@@ -156,7 +144,7 @@ absl::StatusOr<int> VolumeStore::CopyToStaging(uint32_t vol, uint64_t from, uint
   std::unique_ptr<char[]> buf(new char[kCopyChunk]);
   for (uint64_t off = 0; off < src->size; off += kCopyChunk) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(kCopyChunk, src->size - off));
-    if (!PreadFull(src->fd, off, len, buf.get()) || !WriteFull(fd, off, buf.get(), len)) {
+    if (!PreadFull(src->fd, off, len, buf.get()) || !PwriteFull(fd, off, buf.get(), len)) {
       absl::Status st = Errno("cannot copy into", PathOf(vol, to));
       close(fd);
       return st;
@@ -177,7 +165,7 @@ absl::Status VolumeStore::WriteSums(uint32_t vol, uint64_t file_id, uint64_t siz
   const std::string tmp = path + ".tmp";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Errno("cannot create", tmp);
-  const bool ok = WriteFull(fd, 0, data.data(), data.size()) && (!sync || fdatasync(fd) == 0);
+  const bool ok = PwriteFull(fd, 0, data.data(), data.size()) && (!sync || fdatasync(fd) == 0);
   absl::Status st = ok ? absl::OkStatus() : Errno("cannot write", tmp);
   close(fd);
   if (st.ok() && rename(tmp.c_str(), path.c_str()) != 0) st = Errno("cannot rename", tmp);
@@ -257,7 +245,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
       if (BlockChecksum(p.buf, p.len) != sums[p.index]) {
         st = absl::DataLossError(absl::StrCat("block ", p.index, " of contents ", file_id,
                                               " from a peer does not match its checksum"));
-      } else if (!WriteFull(fd, p.index * block_size, p.buf, p.len)) {
+      } else if (!PwriteFull(fd, p.index * block_size, p.buf, p.len)) {
         st = Errno("cannot write", PathOf(vol, file_id));
       }
     }

@@ -1,0 +1,192 @@
+#include "cachefs/volume/volume_upload.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/file_io.h"
+#include "common/ids.h"
+#include "common/status.h"
+
+namespace ember::cachefs {
+namespace {
+
+constexpr auto kPassEvery = std::chrono::seconds(2);
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(what, " '", path, "': ", strerror(errno)));
+}
+
+std::string Parent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+// The origin's own directory, which this never creates. Returns: Ok; Unavailable.
+absl::Status Reachable(const rpc::Volume& vol) {
+  struct stat st;
+  if (stat(vol.origin().c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::UnavailableError(
+        absl::StrCat("origin '", vol.origin(), "' of volume ", vol.name(), " is unreachable"));
+  }
+  return absl::OkStatus();
+}
+
+// Directories under the origin leading to `rel` (relative path of a file).
+absl::Status MakeParents(const rpc::Volume& vol, const std::string& rel) {
+  const std::string parent = Parent(rel);
+  if (parent.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(absl::StrCat(vol.origin(), "/", parent), ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot make '", vol.origin(), "/", parent, "': ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+VolumeUploader::VolumeUploader(meta::MetaClient* meta, VolumeStore* store, std::string node_id)
+    : meta_(meta), store_(store), node_id_(std::move(node_id)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+VolumeUploader::~VolumeUploader() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void VolumeUploader::Nudge() {
+  absl::MutexLock lock(&mu_);
+  nudged_ = true;
+}
+
+void VolumeUploader::Loop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || nudged_; };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), absl::FromChrono(kPassEvery));
+      if (stop_) return;
+      nudged_ = false;
+    }
+    if (absl::StatusOr<int> done = Pass(); !done.ok()) {
+      spdlog::debug("volume uploads: {}", std::string(done.status().message()));
+    }
+  }
+}
+
+absl::StatusOr<int> VolumeUploader::Pass() {
+  ASSIGN_OR_RETURN(std::vector<rpc::Volume> volumes, meta_->ListVolumes());
+  if (volumes.empty()) return 0;
+  ASSIGN_OR_RETURN(std::vector<rpc::Node> nodes, meta_->ListNodes());
+  std::map<std::string, bool> alive;
+  for (const auto& n : nodes) alive[n.id()] = n.state() == rpc::Node::ALIVE;
+  alive[node_id_] = true;
+  int done = 0;
+  for (const auto& vol : volumes) {
+    absl::StatusOr<rpc::VolumeStatusResponse> st = meta_->VolumeStatus(vol.name());
+    if (!st.ok()) continue;  // removed meanwhile, or meta away: the next pass
+    for (const rpc::VolumeInode& f : st->files()) {
+      if (f.file_id() == 0) continue;
+      const std::string* first = nullptr;  // the first live holder uploads
+      for (const auto& h : f.holders()) {
+        if (alive[h]) {
+          first = &h;
+          break;
+        }
+      }
+      if (first == nullptr || *first != node_id_) continue;
+      const std::string& path = f.name();  // Status gives each file's path here
+      const bool persisted = f.state() == rpc::VolumeInode::PERSISTED;
+      if (persisted && f.persisted_path() == path) continue;
+      absl::Status s = Reachable(vol);
+      if (s.ok()) s = MakeParents(vol, path);
+      if (s.ok() && persisted) {
+        // Renamed since its upload: move the origin's copy along.
+        const std::string from = absl::StrCat(vol.origin(), "/", f.persisted_path());
+        const std::string to = absl::StrCat(vol.origin(), "/", path);
+        if (rename(from.c_str(), to.c_str()) == 0) {
+          s = SyncPath(absl::StrCat(vol.origin(), "/", Parent(path)));
+          // The old directory, now empty (a step.tmp/ renamed whole): best effort.
+          (void)rmdir(absl::StrCat(vol.origin(), "/", Parent(f.persisted_path())).c_str());
+        } else if (errno == ENOENT) {
+          s = Upload(vol, f, path);  // the origin lost it: put it there again
+        } else {
+          s = Errno("cannot rename", from);
+        }
+      } else if (s.ok()) {
+        s = Upload(vol, f, path);
+      }
+      if (s.ok()) s = MarkPersisted(vol, f, path);
+      if (!s.ok()) {
+        spdlog::warn("volume {}: '{}' not uploaded yet: {}", vol.name(), path,
+                     std::string(s.message()));
+        continue;
+      }
+      ++done;
+    }
+  }
+  return done;
+}
+
+absl::Status VolumeUploader::Upload(const rpc::Volume& vol, const rpc::VolumeInode& n,
+                                    const std::string& path) {
+  absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> w = store_->Open(vol.id(), n.file_id());
+  if (!w.ok()) return w.status();  // not here (dropped as corrupt): another holder's turn later
+  const VolumeStore::Whole& whole = **w;
+  const std::string to = absl::StrCat(vol.origin(), "/", path);
+  const std::string dir = Parent(to);
+  const std::string tmp =
+      absl::StrCat(dir, "/.", to.substr(dir.size() + 1), ".ember-", n.file_id(), ".tmp");
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  absl::Cleanup drop = [&] {
+    if (fd >= 0) close(fd);
+    unlink(tmp.c_str());
+  };
+  std::unique_ptr<char[]> buf(new char[whole.block_size]);
+  for (uint64_t i = 0; i * whole.block_size < whole.size; ++i) {
+    const uint64_t off = i * whole.block_size;
+    const size_t len = static_cast<size_t>(std::min(whole.block_size, whole.size - off));
+    if (!PreadFull(whole.fd, off, len, buf.get())) return Errno("cannot read", "volume copy");
+    if (BlockChecksum(buf.get(), len) != whole.sums[i]) {
+      // Never upload bytes that are not what was committed: drop the copy (CheckBlock).
+      absl::Status bad = store_->CheckBlock(whole, vol.id(), n.file_id(), i);
+      return bad.ok() ? absl::DataLossError("a block changed while it was read") : bad;
+    }
+    if (!PwriteFull(fd, off, buf.get(), len)) return Errno("cannot write", tmp);
+  }
+  if (fdatasync(fd) != 0) return Errno("cannot sync", tmp);
+  close(fd);
+  fd = -1;
+  if (rename(tmp.c_str(), to.c_str()) != 0) return Errno("cannot rename", tmp);
+  std::move(drop).Cancel();
+  return SyncPath(dir);
+}
+
+absl::Status VolumeUploader::MarkPersisted(const rpc::Volume& vol, const rpc::VolumeInode& n,
+                                           const std::string& path) {
+  rpc::VolumeOpRequest req;
+  req.set_volume(vol.name());
+  req.mutable_persisted()->set_ino(n.ino());
+  req.mutable_persisted()->set_file_id(n.file_id());
+  req.mutable_persisted()->set_path(path);
+  return meta_->VolumeOp(req).status();
+}
+
+}  // namespace ember::cachefs

@@ -1,0 +1,59 @@
+// VolumeUploader: the write-back of volumes (cachefs/volume/, front door volume_fs.h). Committed
+// contents go to the volume's origin directory in the background, and meta marks them
+// `persisted` (with the path they were put at).
+//
+// Who uploads a file: the first of its holders (meta's list, the writer first) that meta says is
+// alive, so that when the writer dies a node holding a replica finishes the upload. Each pass
+// (every couple of seconds, or at once when nudged after a commit) asks meta for every volume's
+// files and, for those this node is to upload:
+//   not persisted   copies the contents, every block checked against its checksum, to
+//                   ORIGIN/DIR/.NAME.ember-ID.tmp, syncs it, renames it to ORIGIN/PATH and syncs
+//                   the directory; then `Persisted` in meta (ignored there if the file changed).
+//   persisted, but  (renamed since, e.g. a checkpoint's step.tmp/ -> step/): the origin's copy
+//   at another path is renamed to the new path (uploaded again if it is gone there).
+// The origin's own directory must exist: a missing one (a shared file system not mounted) is
+// "origin unreachable", retried on the next pass, never created here. Not carried to the origin
+// (yet): unlinks, and contents a later commit replaced (the origin keeps the last upload).
+//
+// Thread-safe; one thread of its own.
+#pragma once
+
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "cachefs/volume/volume_store.h"
+#include "meta/meta_client.h"
+
+namespace ember::cachefs {
+
+class VolumeUploader {
+ public:
+  // Both must outlive this. Starts its thread.
+  VolumeUploader(meta::MetaClient* meta, VolumeStore* store, std::string node_id);
+  ~VolumeUploader();  // stops and joins (an upload in progress finishes first)
+
+  // A commit happened here: start a pass now.
+  void Nudge() ABSL_LOCKS_EXCLUDED(mu_);
+  // One pass, on the caller's thread. Returns: how many files it uploaded or moved; meta's error.
+  absl::StatusOr<int> Pass();
+
+ private:
+  void Loop();
+  // Copies whole contents `w` of `n` to ORIGIN/path (temp + rename, synced).
+  absl::Status Upload(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& path);
+  absl::Status MarkPersisted(const rpc::Volume& vol, const rpc::VolumeInode& n,
+                             const std::string& path);
+
+  meta::MetaClient* const meta_;
+  VolumeStore* const store_;
+  const std::string node_id_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool nudged_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace ember::cachefs
