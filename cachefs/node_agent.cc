@@ -177,6 +177,7 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
     to.listen_fd = std::exchange((*inherited)->peer_listen_fd, -1);
   }
   a->volume_store_ = std::make_unique<VolumeStore>(options.cache_dir + "/volumes");
+  a->volume_store_->SetLimit(options.volume_bytes, absl::Seconds(10));
   a->block_source_ = std::make_unique<CacheBlockSource>(a->cache_.get(), a->volume_store_.get());
   auto server = transport::StartBlockServer(options.listen, a->block_source_.get(), to);
   if (!server.ok()) {

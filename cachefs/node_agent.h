@@ -64,6 +64,7 @@ struct NodeOptions {
   uint32_t gpus = 0;
   std::string cache_dir;
   uint64_t cache_bytes = 0;
+  uint64_t volume_bytes = 0;            // VolumeStore::SetLimit (0: the disk's only)
   bool direct_cache_writes = true;      // BlockCache::Options::direct_writes
   uint64_t small_file_max = 256 << 10;  // BlockCache::Options::small_file_max
   std::string mountpoint;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/cluster.h"
@@ -325,6 +326,40 @@ TEST_F(VolumeTest, FilesReachTheOriginFollowRenamesThereAndRestoreFromItWithoutA
   bad[kMiB / 2] ^= 1;
   testing::WriteFile(dir_.Sub("upload/u.pt"), bad);
   EXPECT_EQ(Load(B("u.pt")), absl::StrCat("<errno ", EIO, ">"));
+}
+
+TEST_F(VolumeTest, AFullVolumeSpaceNeverDropsUnuploadedFilesWritersWaitThenGetEnospc) {
+  NodeProcess::Options o;
+  o.id = "n3";
+  o.listen_host = "127.0.0.53";
+  o.extra_args = {"--volume-space", "4MiB"};
+  NodeProcess c(dir_.Sub("n3"), meta_->address(), o);
+  ASSERT_TRUE(c.Start()) << c.Log();
+  auto C = [&](const std::string& rel) { return c.mount() + "/ckpt/" + rel; };
+  ASSERT_EQ(rename(dir_.Sub("upload").c_str(), dir_.Sub("away").c_str()), 0);
+  const std::string first = Random(3 * kMiB, 41), second = Random(3 * kMiB, 42);
+  ASSERT_EQ(Save(C("first.pt"), first), 0);
+  // No room while first.pt is only here: the writer waits, and once the upload makes first.pt
+  // droppable (the origin is back) it goes on.
+  std::thread back([&] {
+    sleep(2);
+    rename(dir_.Sub("away").c_str(), dir_.Sub("upload").c_str());
+  });
+  EXPECT_EQ(Save(C("second.pt"), second), 0);
+  back.join();
+  EXPECT_TRUE(Load(C("first.pt")) == first);  // from the origin, dropped here for room
+  EXPECT_TRUE(Load(B("second.pt")) == second);
+  // The origin away again: second.pt cannot be dropped, so a third save waits and then fails
+  // with ENOSPC, counted; what was saved before stays whole.
+  ASSERT_TRUE(WaitFor("second.pt", "persisted", "second.pt"));
+  ASSERT_EQ(rename(dir_.Sub("upload").c_str(), dir_.Sub("away").c_str()), 0);
+  ASSERT_EQ(Save(C("third.pt"), Random(2 * kMiB, 43)), 0);
+  EXPECT_EQ(Save(C("fourth.pt"), Random(3 * kMiB, 44)), ENOSPC);
+  EXPECT_TRUE(Load(B("third.pt")).size() == 2 * kMiB);
+  EXPECT_NE(c.Log().find("volume space full"), std::string::npos);
+  // second.pt, in the origin, made room for third.pt: read back from there.
+  ASSERT_EQ(rename(dir_.Sub("away").c_str(), dir_.Sub("upload").c_str()), 0);
+  EXPECT_TRUE(Load(C("second.pt")) == second);
 }
 
 TEST_F(VolumeTest, TorchSavesAndLoadsAStateDictThroughTheMounts) {

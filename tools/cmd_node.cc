@@ -33,6 +33,7 @@ struct NodeFlags {
   std::string listen = "127.0.0.1:7371";
   std::string cache_dir;
   std::string cache_size;
+  std::string volume_space;
   std::string mount;
   std::string node_id;
   std::string labels;
@@ -68,6 +69,9 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--mount", f->mount, "Directory to mount datasets at")->required();
   c->add_option("--cache-dir", f->cache_dir, "Local directory for cached blocks");
   c->add_option("--cache-size", f->cache_size, "Cache capacity, e.g. 100GiB");
+  c->add_option("--volume-space", f->volume_space,
+                "Disk space for writable volumes' files (default: as --cache-size); files not "
+                "yet in the origin are never dropped: writers wait, then get ENOSPC");
   c->add_option(for_up ? "--node-listen" : "--listen", f->listen,
                 "HOST:PORT peers reach this node on")
       ->capture_default_str();
@@ -244,6 +248,13 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
     if (!size.ok()) Fail(size.status());
     if (*size == 0) Fail("--cache-size must be larger than 0");
     o.cache_bytes = *size;
+  }
+  o.volume_bytes = o.cache_bytes;
+  if (!f.volume_space.empty()) {
+    auto size = ParseSize(f.volume_space);
+    if (!size.ok()) Fail(size.status());
+    if (*size == 0) Fail("--volume-space must be larger than 0");
+    o.volume_bytes = *size;
   }
   auto ra = ParseSize(f.fuse_readahead);
   if (!ra.ok()) Fail(ra.status());

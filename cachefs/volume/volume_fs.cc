@@ -477,6 +477,9 @@ absl::StatusOr<size_t> VolumeFs::Write(uint64_t /*ino*/, FileSystem::FileHandle*
   absl::MutexLock lock(&f->mu_);
   RETURN_IF_ERROR(f->RenewLocked());
   RETURN_IF_ERROR(f->StageLocked());
+  if (const uint64_t end = offset + size, now = f->size_.load(); end > now) {
+    RETURN_IF_ERROR(store_->Reserve(end - now));  // waits for room, then ENOSPC
+  }
   size_t done = 0;
   while (done < size) {
     ssize_t n = pwrite(f->fd_, data + done, size - done, static_cast<off_t>(offset + done));
@@ -512,6 +515,7 @@ absl::StatusOr<Entry> VolumeFs::SetAttr(uint64_t ino, FileSystem::FileHandle* ha
     }
     absl::MutexLock lock(&f->mu_);
     RETURN_IF_ERROR(f->StageLocked());
+    if (*attrs.size > f->size_.load()) RETURN_IF_ERROR(store_->Reserve(*attrs.size - f->size_));
     f->seq_ok_ = f->seq_ok_ && *attrs.size == f->seq_end_;  // else: read again at the commit
     if (ftruncate(f->fd_, static_cast<off_t>(*attrs.size)) != 0) {
       return ErrnoStatus(errno == ENOSPC ? ENOSPC : EIO, "volume truncate failed");

@@ -48,6 +48,7 @@ VolumeStore::Whole::~Whole() {
 VolumeStore::VolumeStore(std::string dir) : dir_(std::move(dir)) {
   std::error_code ec;
   size_t removed = 0;
+  uint64_t used = 0;
   for (auto it = std::filesystem::recursive_directory_iterator(dir_, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     if (!it->is_regular_file(ec)) continue;
@@ -55,7 +56,15 @@ VolumeStore::VolumeStore(std::string dir) : dir_(std::move(dir)) {
     const bool tmp = absl::EndsWith(path, ".sums.tmp");
     const bool unfinished =
         !absl::EndsWith(path, ".sums") && !tmp && !std::filesystem::exists(path + ".sums", ec);
-    if ((tmp || unfinished) && unlink(path.c_str()) == 0) removed++;
+    if ((tmp || unfinished) && unlink(path.c_str()) == 0) {
+      removed++;
+    } else if (!tmp && !absl::EndsWith(path, ".sums")) {
+      used += it->file_size(ec);
+    }
+  }
+  {
+    absl::MutexLock lock(&space_mu_);
+    used_ = used;
   }
   if (removed > 0) {
     spdlog::info("volume: removed {} unfinished staging file(s) or copies from {}", removed, dir_);
@@ -140,6 +149,7 @@ absl::StatusOr<int> VolumeStore::CopyToStaging(uint32_t vol, uint64_t from, uint
       return ErrnoStatus(EIO, std::string(st.message()));
     }
   }
+  RETURN_IF_ERROR(Reserve(src->size));
   ASSIGN_OR_RETURN(int fd, CreateStaging(vol, to));
   std::unique_ptr<char[]> buf(new char[kCopyChunk]);
   for (uint64_t off = 0; off < src->size; off += kCopyChunk) {
@@ -227,6 +237,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     return absl::InternalError(absl::StrCat("contents ", file_id, " of ", size, " bytes need ",
                                             blocks, " checksums, have ", sums.size()));
   }
+  RETURN_IF_ERROR(Reserve(size));
   ASSIGN_OR_RETURN(int fd, CreateStaging(vol, file_id));
   // Blocks are asked for kBatch at a time (one pipelined request to a peer), checked and written.
   const uint64_t batch = std::max<uint64_t>(1, kFetchBytes / block_size);
@@ -256,7 +267,11 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
   // by a power loss is dropped then and copied again). A replica is (the commit counts on it).
   if (st.ok()) st = WriteSums(vol, file_id, size, block_size, sums, /*sync=*/durable);
   if (!st.ok()) {
-    Drop(vol, file_id);
+    struct stat got;
+    const uint64_t on_disk =
+        stat(PathOf(vol, file_id).c_str(), &got) == 0 ? static_cast<uint64_t>(got.st_size) : 0;
+    Drop(vol, file_id);  // gives back what is on disk; the rest of the reservation here
+    Unreserve(size - std::min(size, on_disk));
     return st;
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Whole> whole, OpenWhole(vol, file_id));
@@ -267,8 +282,15 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
 void VolumeStore::Drop(uint32_t vol, uint64_t file_id) {
   ForgetServing(vol, file_id);
   const std::string path = PathOf(vol, file_id);
+  struct stat st;
+  const uint64_t size = stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
   unlink((path + ".sums").c_str());
-  unlink(path.c_str());
+  if (unlink(path.c_str()) == 0) {
+    absl::MutexLock lock(&space_mu_);
+    used_ -= std::min(used_, size);
+    evictable_.erase({vol, file_id});
+    room_.SignalAll();
+  }
 }
 
 void VolumeStore::ForgetServing(uint32_t vol, uint64_t file_id) {

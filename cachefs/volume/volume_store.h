@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/ids.h"
 
 namespace ember::cachefs {
@@ -97,7 +98,38 @@ class VolumeStore {
 
   std::string PathOf(uint32_t vol, uint64_t file_id) const;
 
+  // ---- space (volume_space.cc) ----
+  // The bytes of every file here (staging, contents, copies) are held under `limit` (0: no
+  // limit but the disk's). Contents in the origin (SetEvictable) are dropped, oldest first, to
+  // make room; the rest (not yet uploaded) never are.
+  // `wait`: how long a Reserve waits for room before it fails.
+  void SetLimit(uint64_t limit, absl::Duration wait) ABSL_LOCKS_EXCLUDED(space_mu_);
+  uint64_t Used() ABSL_LOCKS_EXCLUDED(space_mu_);
+  // Takes `bytes` more (a write past a staging file's end, a copy). Without room even after
+  // dropping evictable contents, waits (SetLimit's `wait`; uploads finishing make contents
+  // evictable), then fails. Returns: Ok; ENOSPC naming the limit and what holds it (logged and
+  // counted: ember_volume_enospc_total).
+  absl::Status Reserve(uint64_t bytes) ABSL_LOCKS_EXCLUDED(space_mu_);
+  // Gives back bytes reserved and never written.
+  void Unreserve(uint64_t bytes) ABSL_LOCKS_EXCLUDED(space_mu_);
+  // Contents the origin holds (may be dropped for room): replaces the set given before.
+  void SetEvictable(std::set<std::pair<uint32_t, uint64_t>> ids) ABSL_LOCKS_EXCLUDED(space_mu_);
+  // Drops whole contents no file refers to any more: not in `live` (every contents id meta's
+  // files name, committed or being written) and sealed at least `min_age` ago (a replica is
+  // made just before the commit naming it). Returns: how many were dropped.
+  int DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>& live, absl::Duration min_age)
+      ABSL_LOCKS_EXCLUDED(space_mu_);
+
  private:
+  // Drops the oldest evictable contents until `bytes` more fit. REQUIRES space_mu_.
+  bool MakeRoomLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(space_mu_);
+  absl::Mutex space_mu_;  // taken before serving_mu_ when both are
+  absl::CondVar room_;    // evictable contents or room appeared
+  uint64_t limit_ ABSL_GUARDED_BY(space_mu_) = 0;
+  uint64_t used_ ABSL_GUARDED_BY(space_mu_) = 0;
+  absl::Duration wait_ ABSL_GUARDED_BY(space_mu_) = absl::Seconds(10);
+  std::set<std::pair<uint32_t, uint64_t>> evictable_ ABSL_GUARDED_BY(space_mu_);
+
   absl::StatusOr<std::shared_ptr<Whole>> OpenWhole(uint32_t vol, uint64_t file_id);
   // `sync`: the file and the directory entry synced (a writer's commit), or not (a copy).
   absl::Status WriteSums(uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,

@@ -2,10 +2,13 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "common/ids.h"
 #include "common/status.h"
@@ -91,6 +94,68 @@ TEST(VolumeStoreTest, ACopyTakesOnlyBytesThatMatchAndARestartClearsWhatWasLeftHa
   EXPECT_TRUE(again.Open(3, 9).ok());
   EXPECT_FALSE(std::filesystem::exists(again.PathOf(3, 10)));
   EXPECT_FALSE(std::filesystem::exists(dir.Sub("v/3/11.sums.tmp")));
+}
+
+// Seals `data` as contents `id` of volume 3, its seal dated `age_s` seconds ago.
+void Sealed(VolumeStore& store, uint64_t id, const std::string& data, int age_s = 0) {
+  ASSERT_TRUE(store.Reserve(data.size()).ok());
+  int fd = Write(store, id, data);
+  ASSERT_TRUE(store.Seal(3, id, fd, kBlock).ok());
+  close(fd);
+  if (age_s > 0) {
+    struct timespec t[2];
+    clock_gettime(CLOCK_REALTIME, &t[0]);
+    t[0].tv_sec -= age_s;
+    t[1] = t[0];
+    ASSERT_EQ(utimensat(AT_FDCWD, (store.PathOf(3, id) + ".sums").c_str(), t, 0), 0);
+  }
+}
+
+TEST(VolumeStoreTest, RoomIsMadeOnlyFromContentsInTheOriginOldestFirst) {
+  ember::testing::TempDir dir;
+  VolumeStore store(dir.Sub("v"));
+  store.SetLimit(4 * kBlock, absl::Milliseconds(300));
+  Sealed(store, 1, Bytes(kBlock, 'a'), /*age_s=*/30);
+  Sealed(store, 2, Bytes(kBlock, 'b'), /*age_s=*/20);
+  Sealed(store, 3, Bytes(2 * kBlock, 'c'));
+  EXPECT_EQ(store.Used(), 4 * kBlock);
+  // Nothing is in the origin: no room, after the wait.
+  absl::Status full = store.Reserve(kBlock);
+  EXPECT_EQ(CarriedErrno(full), ENOSPC) << full;
+  EXPECT_NE(full.message().find("not yet in the origin"), std::string::npos) << full;
+  // 1 and 3 uploaded: 1, the older, goes first; 3 is kept while 1 makes the room.
+  store.SetEvictable({{3, 1}, {3, 3}});
+  EXPECT_TRUE(store.Reserve(kBlock).ok());
+  EXPECT_FALSE(store.Open(3, 1).ok());
+  EXPECT_TRUE(store.Open(3, 2).ok());
+  EXPECT_TRUE(store.Open(3, 3).ok());
+  // A writer waiting for room goes on when contents become droppable meanwhile.
+  store.SetEvictable({});
+  store.SetLimit(4 * kBlock, absl::Seconds(20));
+  std::thread later([&] {
+    usleep(200'000);
+    store.SetEvictable({{3, 2}});
+  });
+  EXPECT_TRUE(store.Reserve(kBlock).ok());
+  later.join();
+  EXPECT_FALSE(store.Open(3, 2).ok());
+  EXPECT_TRUE(store.Open(3, 3).ok());  // no longer in the set given: kept
+  EXPECT_EQ(store.Used(), 4 * kBlock);
+}
+
+TEST(VolumeStoreTest, ContentsNoFileNamesAreDroppedOnceTheyAreOldNeverStagingOrLiveOnes) {
+  ember::testing::TempDir dir;
+  VolumeStore store(dir.Sub("v"));
+  Sealed(store, 1, Bytes(kBlock, 'a'), /*age_s=*/600);  // replaced long ago
+  Sealed(store, 2, Bytes(kBlock, 'b'), /*age_s=*/600);  // a file's contents
+  Sealed(store, 3, Bytes(kBlock, 'c'));                 // a replica whose commit is coming
+  close(Write(store, 4, "a writer's staging"));
+  EXPECT_EQ(store.DropUnreferenced({{3, 2}}, absl::Minutes(2)), 1);
+  EXPECT_FALSE(store.Open(3, 1).ok());
+  EXPECT_FALSE(std::filesystem::exists(store.PathOf(3, 1)));
+  EXPECT_TRUE(store.Open(3, 2).ok());
+  EXPECT_TRUE(store.Open(3, 3).ok());
+  EXPECT_TRUE(std::filesystem::exists(store.PathOf(3, 4)));
 }
 
 }  // namespace

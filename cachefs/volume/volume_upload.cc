@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -98,11 +99,19 @@ absl::StatusOr<int> VolumeUploader::Pass() {
   for (const auto& n : nodes) alive[n.id()] = n.state() == rpc::Node::ALIVE;
   alive[node_id_] = true;
   int done = 0;
+  bool complete = true;  // every volume's files known: contents nobody names may be dropped
+  std::set<std::pair<uint32_t, uint64_t>> live, evictable;
   for (const auto& vol : volumes) {
     absl::StatusOr<rpc::VolumeStatusResponse> st = meta_->VolumeStatus(vol.name());
-    if (!st.ok()) continue;  // removed meanwhile, or meta away: the next pass
+    if (!st.ok()) {  // removed meanwhile, or meta away: the next pass
+      complete = false;
+      continue;
+    }
     for (const rpc::VolumeInode& f : st->files()) {
+      if (f.writing_file_id() != 0) live.insert({vol.id(), f.writing_file_id()});
       if (f.file_id() == 0) continue;
+      live.insert({vol.id(), f.file_id()});
+      if (f.state() == rpc::VolumeInode::PERSISTED) evictable.insert({vol.id(), f.file_id()});
       const std::string* first = nullptr;  // the first live holder uploads
       for (const auto& h : f.holders()) {
         if (alive[h]) {
@@ -138,9 +147,14 @@ absl::StatusOr<int> VolumeUploader::Pass() {
                      std::string(s.message()));
         continue;
       }
+      if (f.state() != rpc::VolumeInode::PERSISTED) evictable.insert({vol.id(), f.file_id()});
       ++done;
     }
   }
+  store_->SetEvictable(std::move(evictable));
+  // Contents replaced, unlinked or of removed volumes. A replica is made just before the commit
+  // that names it: only contents sealed a while ago go.
+  if (complete) store_->DropUnreferenced(live, absl::Minutes(2));
   return done;
 }
 
