@@ -362,6 +362,48 @@ TEST_F(VolumeTest, AFullVolumeSpaceNeverDropsUnuploadedFilesWritersWaitThenGetEn
   EXPECT_TRUE(Load(C("second.pt")) == second);
 }
 
+TEST_F(VolumeTest, WhileMetaIsAwayNodesReadWhatTheyHoldAndChangesFailClearly) {
+  ASSERT_EQ(mkdir(A("run").c_str(), 0755), 0);
+  const std::string data = Random(2 * kMiB + 9, 51), other = Random(kMiB, 52);
+  ASSERT_EQ(Save(A("run/r0.pt"), data), 0);
+  ASSERT_EQ(Save(A("run/r1.pt"), other), 0);
+  ASSERT_TRUE(Load(B("run/r0.pt")) == data);  // n2 holds a copy of r0.pt now, not of r1.pt
+  auto list = [](const std::string& dir) {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return ec ? std::vector<std::string>{ec.message()} : names;
+  };
+  ASSERT_EQ(list(B("run")).size(), 2u);  // n2 has listed run/ once
+  meta_->Kill(SIGKILL);
+  EXPECT_TRUE(Load(A("run/r0.pt")) == data);
+  EXPECT_TRUE(Load(A("run/r1.pt")) == other);
+  EXPECT_TRUE(Load(B("run/r0.pt")) == data);
+  EXPECT_EQ(list(B("run")), (std::vector<std::string>{"r0.pt", "r1.pt"}));
+  // A directory this node never listed is not guessed at.
+  EXPECT_EQ(list(A("run")).size(), 1u);
+  // What needs meta fails with EIO, not a hang and not a guess: a copy n2 lacks, any change.
+  EXPECT_EQ(Load(B("run/r1.pt")), absl::StrCat("<errno ", EIO, ">"));
+  EXPECT_EQ(Save(A("run/r2.pt"), other), EIO);
+  EXPECT_EQ(mkdir(A("run2").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EIO);
+  // Meta back: everything goes on, and nothing was committed while it was away.
+  meta_->Restart();
+  // (each node's meta client reconnects with gRPC's backoff: wait for it)
+  auto answered = [&](const std::string& path) {
+    std::error_code ec;
+    for (int i = 0; i < 100; ++i, usleep(100'000)) {
+      if (!fs::exists(path, ec) && !ec) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(answered(A("run/r2.pt")));
+  ASSERT_TRUE(answered(B("run/r9.pt")));
+  EXPECT_EQ(Save(A("run/r2.pt"), other), 0);
+  EXPECT_TRUE(Load(B("run/r1.pt")) == other);
+}
+
 TEST_F(VolumeTest, TorchSavesAndLoadsAStateDictThroughTheMounts) {
   ASSERT_TRUE(fs::exists("/usr/lib/python3/dist-packages/torch"))
       << "Debian's python3-torch is missing: make deps installs it";

@@ -41,6 +41,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
                                                                           const rpc::VolumeInode& n,
                                                                           uint64_t block_size) {
   if (auto have = store_->Open(vol, n.file_id()); have.ok()) return have;
+  if (block_size == 0) return ErrnoStatus(EIO, "no block size known for the volume");
   const uint64_t blocks = (n.size() + block_size - 1) / block_size;
   std::vector<uint64_t> sums;
   for (uint64_t first = 0; first < blocks; first += kChecksumBatch) {

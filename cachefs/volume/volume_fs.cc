@@ -274,13 +274,6 @@ absl::Status VolumeFs::ReleaseLease(const Ref& at) {
   return Op(at, req).status();
 }
 
-absl::StatusOr<rpc::VolumeOpReply> VolumeFs::Op(const Ref& at, rpc::VolumeOpRequest req) {
-  req.set_volume(at.volume);
-  absl::StatusOr<rpc::VolumeOpReply> r = meta_->VolumeOp(req);
-  if (!r.ok()) return VolumeErrno(r.status());
-  return r;
-}
-
 Entry VolumeFs::EntryOf(const Ref& at, const rpc::VolumeInode& n) {
   Entry e;
   e.timeout_s = 0;  // every node must see a commit at its next open: always ask meta

@@ -22,8 +22,11 @@
 //   upload             in the background, to the volume's origin directory (volume_upload.h);
 //                      then `persisted`. An open on a node when no holder can give the contents
 //                      reads the origin's copy of persisted ones, checked block by block.
+//   meta away          lookups, attributes and listings answer as meta last did, so files this
+//                      node holds stay readable; every change (and a copy, which needs meta's
+//                      checksums) fails with EIO until meta is back.
 // Not built yet (docs/architecture.md, "Where this is going"): keeping open write handles across
-// an agent restart, pins of unpersisted contents.
+// an agent restart.
 //
 // Thread-safe.
 #pragma once
@@ -31,8 +34,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -139,6 +144,17 @@ class VolumeFs {
   std::vector<rpc::Volume> volumes_ ABSL_GUARDED_BY(mu_);
   int64_t listed_at_ms_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::string> peers_ ABSL_GUARDED_BY(mu_);  // node id -> address
+  // What meta last said of each inode, name and listing, for while meta is away (volume_away.cc).
+  void RememberLocked(uint32_t vol, const rpc::VolumeInode& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Remember(uint32_t vol, const rpc::VolumeOpRequest& req, const rpc::VolumeOpReply& r)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<rpc::VolumeOpReply> Recall(uint32_t vol, const rpc::VolumeOpRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kRemembered = 500'000;
+  std::map<std::pair<uint32_t, uint64_t>, rpc::VolumeInode> inodes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<uint32_t, uint64_t, std::string>, uint64_t> names_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<rpc::VolumeInode>> listings_
+      ABSL_GUARDED_BY(mu_);
   // Files this node has open for writing, by fuse inode: their size is the staging file's.
   std::multimap<uint64_t, File*> writers_ ABSL_GUARDED_BY(mu_);
 };
