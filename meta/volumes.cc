@@ -246,7 +246,8 @@ absl::StatusOr<rpc::VolumeOpReply> VolumeCatalog::Apply(const rpc::VolumeOpReque
       st = Make(vol, req.create(), /*dir=*/false, &reply);
       break;
     case R::kOpenWrite:
-      st = OpenWrite(vol, req.open_write().ino(), req.open_write().node(), &reply);
+      st = OpenWrite(vol, req.open_write().ino(), req.open_write().node(), &reply,
+                     req.open_write().fresh_id());
       break;
     case R::kCommit:
       st = Commit(vol, req.commit(), &reply);
@@ -333,7 +334,7 @@ absl::Status VolumeCatalog::Make(rpc::Volume* vol, const rpc::VolumeMake& op, bo
 }
 
 absl::Status VolumeCatalog::OpenWrite(rpc::Volume* vol, uint64_t ino, const std::string& node,
-                                      rpc::VolumeOpReply* reply) {
+                                      rpc::VolumeOpReply* reply, bool fresh_id) {
   if (node.empty()) return absl::InvalidArgumentError("a write lease names no node");
   ASSIGN_OR_RETURN(rpc::VolumeInode n, Inode(vol->id(), ino));
   if (IsDir(n)) return Err(EISDIR, absl::StrCat("inode ", ino, " is a directory"));
@@ -344,7 +345,7 @@ absl::Status VolumeCatalog::OpenWrite(rpc::Volume* vol, uint64_t ino, const std:
                                    (n.lease_until_ms() - now + 999) / 1000, " s)"));
   }
   rpc::Volume updated = *vol;
-  if (n.writer() != node || n.writing_file_id() == 0) {
+  if (n.writer() != node || n.writing_file_id() == 0 || fresh_id) {
     n.set_writing_file_id(updated.next_file_id());
     updated.set_next_file_id(updated.next_file_id() + 1);
   }

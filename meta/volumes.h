@@ -85,8 +85,10 @@ class VolumeCatalog {
   // Changes: REQUIRES mu_; `vol` is the in-memory record, updated when the write succeeded.
   absl::Status Make(rpc::Volume* vol, const rpc::VolumeMake& op, bool dir,
                     rpc::VolumeOpReply* reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `fresh_id`: a new writing_file_id even for the node holding the lease.
   absl::Status OpenWrite(rpc::Volume* vol, uint64_t ino, const std::string& node,
-                         rpc::VolumeOpReply* reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                         rpc::VolumeOpReply* reply, bool fresh_id = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Commit(rpc::Volume* vol, const rpc::VolumeCommit& op, rpc::VolumeOpReply* reply)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Release(const rpc::Volume& vol, const rpc::VolumeRelease& op,

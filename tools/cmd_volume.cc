@@ -74,8 +74,9 @@ void AddVolumeCommand(CLI::App& app) {
       }
       std::cout << "added volume " << v->name() << " (" << v->replicas() << " replica(s), origin "
                 << v->origin() << ")\n"
-                << "note: the upload to the origin is not built yet: files stay on the nodes "
-                   "holding them (docs/operations.md, \"Checkpoints\")\n";
+                << "files closed on a node are on " << v->replicas()
+                << " node(s) at once and written back to " << v->origin()
+                << " in the background (docs/operations.md, \"Checkpoints\")\n";
     });
   }
 

@@ -98,17 +98,22 @@ class TcpTransport final : public BlockTransport {
     if (s.ok()) resp = DecodeResponse(pf);
     std::string answer;
     if (s.ok() && resp && resp->request_id == c.request_id && resp->status == WireStatus::kOk) {
+      if (resp->length > kMaxCallLength) {
+        close(*fd);
+        return absl::DataLossError(absl::StrCat("peer ", peer, ": an answer over the limit"));
+      }
       answer.resize(resp->length);
       s = ReadFull(*fd, answer.data(), answer.size());
     }
     close(*fd);
     if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
-    if (!resp || resp->request_id != c.request_id) {
-      return absl::DataLossError(absl::StrCat("peer ", peer, ": malformed answer to a call"));
-    }
-    if (resp->status == WireStatus::kBadRequest) {
+    // (a server that does not know the call frame answers kBadRequest without its id)
+    if (resp && resp->status == WireStatus::kBadRequest) {
       return absl::InvalidArgumentError(
           absl::StrCat("peer ", peer, " does not know calls (an older agent)"));
+    }
+    if (!resp || resp->request_id != c.request_id) {
+      return absl::DataLossError(absl::StrCat("peer ", peer, ": malformed answer to a call"));
     }
     if (resp->status != WireStatus::kOk) {
       return absl::UnavailableError(

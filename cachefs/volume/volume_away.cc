@@ -56,10 +56,10 @@ void VolumeFs::Remember(uint32_t vol, const rpc::VolumeOpRequest& req,
   }
   if (r.has_inode()) RememberLocked(vol, r.inode());
   for (const auto& e : r.entries()) RememberLocked(vol, e);
-  if (req.has_readdir()) {
-    auto& list = listings_[{vol, req.readdir().ino()}];
-    if (req.readdir().after().empty()) list.clear();  // the first page: a listing anew
-    list.insert(list.end(), r.entries().begin(), r.entries().end());
+  if (req.has_readdir() && req.readdir().after().empty() && !r.more()) {
+    // Only a listing meta gave whole in one answer (a checkpoint directory's): a listing of
+    // many pages, half of which were seen, would be a guess.
+    listings_[{vol, req.readdir().ino()}].assign(r.entries().begin(), r.entries().end());
   }
 }
 

@@ -76,6 +76,10 @@ class VolumeFs::File final : public FileSystem::FileHandle {
   // must not wait for this handle's lock (held through a commit's sync).
   std::atomic<uint64_t> size_{0};
   absl::Status CommitLocked(bool keep_lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A commit failed after its contents were sealed (and maybe copied): writes go on under a
+  // new contents id from meta, the staging file renamed to it.
+  bool rekey_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status RekeyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 VolumeFs::File::~File() {
@@ -170,8 +174,24 @@ uint64_t VolumeFs::File::SizeLocked() {
   return whole_ == nullptr ? 0 : whole_->size;
 }
 
+absl::Status VolumeFs::File::RekeyLocked() {
+  if (!rekey_) return absl::OkStatus();
+  rpc::VolumeOpRequest req;
+  req.mutable_open_write()->set_ino(at_.ino);
+  req.mutable_open_write()->set_node(fs_->node_id_);
+  req.mutable_open_write()->set_fresh_id(true);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, fs_->Op(at_, req));
+  const uint64_t fresh = r.inode().writing_file_id();
+  if (fd_ >= 0) RETURN_IF_ERROR(fs_->store_->Rekey(at_.vol_id, writing_id_, fresh));
+  writing_id_ = fresh;
+  renewed_ms_ = NowMs();
+  rekey_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
   if (!dirty_) return absl::OkStatus();
+  RETURN_IF_ERROR(RekeyLocked());  // a failed commit before this one
   RETURN_IF_ERROR(StageLocked());
   const std::optional<std::vector<uint64_t>> known = KnownSumsLocked();
   ASSIGN_OR_RETURN(
@@ -184,12 +204,24 @@ absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
   c->set_file_id(writing_id_);
   c->set_size(SizeLocked());
   for (uint64_t s : sums) c->add_checksums(s);
-  ASSIGN_OR_RETURN(std::vector<std::string> holders,
-                   fs_->Replicate(at_, writing_id_, c->size(), block_size_, sums));
-  for (auto& h : holders) c->add_holders(std::move(h));
-  c->set_keep_lease(keep_lease);
-  absl::StatusOr<rpc::VolumeOpReply> r = fs_->Op(at_, req);
-  if (!r.ok()) return r.status();  // the staging file stays: a later flush tries again
+  // From here on, copies of writing_id_ may exist elsewhere: if this commit fails, the bytes
+  // written on go under a new id (a copy of the old one must never pass for the new one).
+  rekey_ = true;
+  absl::StatusOr<rpc::VolumeOpReply> r;
+  absl::StatusOr<std::vector<std::string>> holders =
+      fs_->Replicate(at_, writing_id_, c->size(), block_size_, sums);
+  if (holders.ok()) {
+    for (auto& h : *holders) c->add_holders(std::move(h));
+    c->set_keep_lease(keep_lease);
+    r = fs_->Op(at_, req);
+  } else {
+    r = holders.status();
+  }
+  if (!r.ok()) {
+    (void)RekeyLocked();  // or at the next commit; the staging file stays either way
+    return r.status();
+  }
+  rekey_ = false;
   close(fd_);
   fd_ = -1;
   whole_id_ = writing_id_;
@@ -479,6 +511,10 @@ absl::StatusOr<size_t> VolumeFs::Write(uint64_t /*ino*/, FileSystem::FileHandle*
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = errno == ENOSPC ? ENOSPC : EIO;
+      // What was reserved past the bytes written is given back.
+      if (const uint64_t end = offset + done, had = f->size_.load(); offset + size > had) {
+        store_->Unreserve(offset + size - std::max(had, end));
+      }
       return ErrnoStatus(err, absl::StrCat("volume write: ", strerror(errno)));
     }
     done += static_cast<size_t>(n);
@@ -513,6 +549,7 @@ absl::StatusOr<Entry> VolumeFs::SetAttr(uint64_t ino, FileSystem::FileHandle* ha
     if (ftruncate(f->fd_, static_cast<off_t>(*attrs.size)) != 0) {
       return ErrnoStatus(errno == ENOSPC ? ENOSPC : EIO, "volume truncate failed");
     }
+    if (*attrs.size < f->size_.load()) store_->Unreserve(f->size_.load() - *attrs.size);
     f->dirty_ = true;
     f->size_ = *attrs.size;
     if (own != nullptr) RETURN_IF_ERROR(f->CommitLocked(/*keep_lease=*/false));

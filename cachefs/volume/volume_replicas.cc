@@ -156,8 +156,12 @@ absl::StatusOr<std::string> VolumeFs::ServeCall(std::string_view request) {
   const rpc::VolumeReplicate& r = call.replicate();
   rpc::NodeCallReply reply;
   const std::vector<uint64_t> sums(r.checksums().begin(), r.checksums().end());
-  if (r.block_size() == 0 || sums.size() != (r.size() + r.block_size() - 1) / r.block_size()) {
-    reply.set_error("a copy asked for with checksums that do not cover its size");
+  bool known = false;  // a volume of this node's list, of this block size
+  for (const auto& v : Volumes()) known |= v.id() == r.volume() && v.block_size() == r.block_size();
+  if (!known || r.block_size() == 0 || r.block_size() > (64u << 20) ||
+      sums.size() != (r.size() + r.block_size() - 1) / r.block_size()) {
+    reply.set_error(absl::StrCat("node ", node_id_, ": a copy asked for of an unknown volume, ",
+                                 "another block size, or checksums not covering its size"));
     return reply.SerializeAsString();
   }
   // Contents here already with other checksums: a copy of an earlier seal of the same id (a

@@ -78,6 +78,12 @@ absl::Status VolumeStore::Reserve(uint64_t bytes) {
       "ember_volume_enospc_total",
       "Volume writes and copies refused for want of room for contents not yet in the origin.");
   absl::MutexLock lock(&space_mu_);
+  if (limit_ != 0 && bytes > limit_) {
+    enospc->Inc();
+    return ErrnoStatus(ENOSPC, absl::StrCat("volume space: ", FormatBytes(bytes),
+                                            " asked for at once, over the whole limit of ",
+                                            FormatBytes(limit_), " (--volume-space)"));
+  }
   const absl::Time deadline = absl::Now() + wait_;
   while (!MakeRoomLocked(bytes)) {
     if (absl::Now() >= deadline) {
@@ -97,8 +103,8 @@ absl::Status VolumeStore::Reserve(uint64_t bytes) {
 }
 
 int VolumeStore::DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>& live,
-                                  absl::Duration min_age) {
-  const int64_t before = static_cast<int64_t>(time(nullptr)) - absl::ToInt64Seconds(min_age);
+                                  absl::Time sealed_before) {
+  const int64_t before = absl::ToUnixSeconds(sealed_before);
   std::vector<std::pair<uint32_t, uint64_t>> drop;
   std::error_code ec;
   for (auto vd = std::filesystem::directory_iterator(dir_, ec);

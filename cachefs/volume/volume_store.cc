@@ -279,6 +279,14 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
   return std::shared_ptr<const Whole>(std::move(whole));
 }
 
+absl::Status VolumeStore::Rekey(uint32_t vol, uint64_t from, uint64_t to) {
+  ForgetServing(vol, from);
+  const std::string path = PathOf(vol, from);
+  unlink((path + ".sums").c_str());
+  if (rename(path.c_str(), PathOf(vol, to).c_str()) != 0) return Errno("cannot rename", path);
+  return absl::OkStatus();
+}
+
 void VolumeStore::Drop(uint32_t vol, uint64_t file_id) {
   ForgetServing(vol, file_id);
   const std::string path = PathOf(vol, file_id);

@@ -84,6 +84,10 @@ class VolumeStore {
                                                      const BatchReader& read_blocks,
                                                      bool durable = false);
 
+  // Renames staging (or sealed, not committed) contents `from` to `to`, unsealed: a writer whose
+  // commit failed writes on under a new id (copies of `from` made meanwhile are never named).
+  // An fd open on it stays valid. Returns: Ok; EIO.
+  absl::Status Rekey(uint32_t vol, uint64_t from, uint64_t to);
   // Removes a contents id's files (staging or whole).
   void Drop(uint32_t vol, uint64_t file_id);
 
@@ -115,10 +119,11 @@ class VolumeStore {
   // Contents the origin holds (may be dropped for room): replaces the set given before.
   void SetEvictable(std::set<std::pair<uint32_t, uint64_t>> ids) ABSL_LOCKS_EXCLUDED(space_mu_);
   // Drops whole contents no file refers to any more: not in `live` (every contents id meta's
-  // files name, committed or being written) and sealed at least `min_age` ago (a replica is
-  // made just before the commit naming it). Returns: how many were dropped.
-  int DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>& live, absl::Duration min_age)
-      ABSL_LOCKS_EXCLUDED(space_mu_);
+  // files name, committed or being written, as read after `sealed_before`) and sealed before
+  // `sealed_before` (contents sealed since, e.g. a replica made for a commit in progress, are
+  // not in `live` yet). Returns: how many were dropped.
+  int DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>& live,
+                       absl::Time sealed_before) ABSL_LOCKS_EXCLUDED(space_mu_);
 
  private:
   // Drops the oldest evictable contents until `bytes` more fit. REQUIRES space_mu_.

@@ -150,7 +150,7 @@ TEST(VolumeStoreTest, ContentsNoFileNamesAreDroppedOnceTheyAreOldNeverStagingOrL
   Sealed(store, 2, Bytes(kBlock, 'b'), /*age_s=*/600);  // a file's contents
   Sealed(store, 3, Bytes(kBlock, 'c'));                 // a replica whose commit is coming
   close(Write(store, 4, "a writer's staging"));
-  EXPECT_EQ(store.DropUnreferenced({{3, 2}}, absl::Minutes(2)), 1);
+  EXPECT_EQ(store.DropUnreferenced({{3, 2}}, absl::Now() - absl::Minutes(2)), 1);
   EXPECT_FALSE(store.Open(3, 1).ok());
   EXPECT_FALSE(std::filesystem::exists(store.PathOf(3, 1)));
   EXPECT_TRUE(store.Open(3, 2).ok());

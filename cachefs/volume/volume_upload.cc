@@ -98,6 +98,9 @@ absl::StatusOr<int> VolumeUploader::Pass() {
   std::map<std::string, bool> alive;
   for (const auto& n : nodes) alive[n.id()] = n.state() == rpc::Node::ALIVE;
   alive[node_id_] = true;
+  // Contents sealed before this (less a margin for clocks of seconds) and named by no file in
+  // the listings below are garbage; anything sealed later may be a commit in progress.
+  const absl::Time sealed_before = absl::Now() - absl::Minutes(2);
   int done = 0;
   bool complete = true;  // every volume's files known: contents nobody names may be dropped
   std::set<std::pair<uint32_t, uint64_t>> live, evictable;
@@ -107,55 +110,90 @@ absl::StatusOr<int> VolumeUploader::Pass() {
       complete = false;
       continue;
     }
+    // Where each persisted file's copy is in the origin: nothing is written over another
+    // file's copy (a rotation `mv latest prev` + a new `latest` must not lose the old one).
+    std::map<std::string, uint64_t> occupied;  // origin path -> ino
+    for (const rpc::VolumeInode& f : st->files()) {
+      if (f.state() == rpc::VolumeInode::PERSISTED) occupied[f.persisted_path()] = f.ino();
+    }
+    std::vector<const rpc::VolumeInode*> mine;
     for (const rpc::VolumeInode& f : st->files()) {
       if (f.writing_file_id() != 0) live.insert({vol.id(), f.writing_file_id()});
       if (f.file_id() == 0) continue;
       live.insert({vol.id(), f.file_id()});
       if (f.state() == rpc::VolumeInode::PERSISTED) evictable.insert({vol.id(), f.file_id()});
-      const std::string* first = nullptr;  // the first live holder uploads
-      for (const auto& h : f.holders()) {
+      for (const auto& h : f.holders()) {  // the first live holder uploads
         if (alive[h]) {
-          first = &h;
+          if (h == node_id_) mine.push_back(&f);
           break;
         }
       }
-      if (first == nullptr || *first != node_id_) continue;
-      const std::string& path = f.name();  // Status gives each file's path here
-      const bool persisted = f.state() == rpc::VolumeInode::PERSISTED;
-      if (persisted && f.persisted_path() == path) continue;
-      absl::Status s = Reachable(vol);
-      if (s.ok()) s = MakeParents(vol, path);
-      if (s.ok() && persisted) {
-        // Renamed since its upload: move the origin's copy along.
-        const std::string from = absl::StrCat(vol.origin(), "/", f.persisted_path());
-        const std::string to = absl::StrCat(vol.origin(), "/", path);
-        if (rename(from.c_str(), to.c_str()) == 0) {
-          s = SyncPath(absl::StrCat(vol.origin(), "/", Parent(path)));
-          // The old directory, now empty (a step.tmp/ renamed whole): best effort.
-          (void)rmdir(absl::StrCat(vol.origin(), "/", Parent(f.persisted_path())).c_str());
-        } else if (errno == ENOENT) {
-          s = Upload(vol, f, path);  // the origin lost it: put it there again
-        } else {
-          s = Errno("cannot rename", from);
+    }
+    if (mine.empty()) continue;
+    if (absl::Status r = Reachable(vol); !r.ok()) {
+      spdlog::warn("volume {}: uploads wait: {}", vol.name(), std::string(r.message()));
+      continue;
+    }
+    // Moves first (renamed since their upload), then uploads, so that the paths moves free are
+    // free for the uploads of the same pass.
+    for (int phase = 0; phase < 2; ++phase) {
+      for (const rpc::VolumeInode* f : mine) {
+        const std::string& path = f->name();  // Status gives each file's path here
+        const bool persisted = f->state() == rpc::VolumeInode::PERSISTED;
+        if (persisted && f->persisted_path() == path) continue;
+        if ((phase == 0) != persisted) continue;
+        std::string to = path;
+        if (auto o = occupied.find(path); o != occupied.end() && o->second != f->ino()) {
+          if (!persisted) continue;  // its holder moves it away first (this pass or the next)
+          to = absl::StrCat(".ember-moving-", f->file_id());  // a swap: through a free name
         }
-      } else if (s.ok()) {
-        s = Upload(vol, f, path);
+        absl::Status s = MakeParents(vol, to);
+        bool uploaded = false;
+        if (s.ok() && persisted) {
+          s = Move(vol, *f, to);
+          if (absl::IsNotFound(s)) {  // the origin lost it: put it there again
+            s = Upload(vol, *f, to);
+            uploaded = true;
+          }
+        } else if (s.ok()) {
+          s = Upload(vol, *f, to);
+          uploaded = true;
+        }
+        if (s.ok()) s = MarkPersisted(vol, *f, to);
+        if (!s.ok()) {
+          spdlog::warn("volume {}: '{}' not {} yet: {}", vol.name(), path,
+                       uploaded ? "uploaded" : "moved in the origin", std::string(s.message()));
+          continue;
+        }
+        if (persisted) occupied.erase(f->persisted_path());
+        occupied[to] = f->ino();
+        evictable.insert({vol.id(), f->file_id()});
+        ++done;
       }
-      if (s.ok()) s = MarkPersisted(vol, f, path);
-      if (!s.ok()) {
-        spdlog::warn("volume {}: '{}' not uploaded yet: {}", vol.name(), path,
-                     std::string(s.message()));
-        continue;
-      }
-      if (f.state() != rpc::VolumeInode::PERSISTED) evictable.insert({vol.id(), f.file_id()});
-      ++done;
     }
   }
   store_->SetEvictable(std::move(evictable));
-  // Contents replaced, unlinked or of removed volumes. A replica is made just before the commit
-  // that names it: only contents sealed a while ago go.
-  if (complete) store_->DropUnreferenced(live, absl::Minutes(2));
+  // Contents replaced, unlinked or of removed volumes.
+  if (complete) store_->DropUnreferenced(live, sealed_before);
   return done;
+}
+
+absl::Status VolumeUploader::Move(const rpc::Volume& vol, const rpc::VolumeInode& n,
+                                  const std::string& to_rel) {
+  const std::string from = absl::StrCat(vol.origin(), "/", n.persisted_path());
+  const std::string to = absl::StrCat(vol.origin(), "/", to_rel);
+  if (rename(from.c_str(), to.c_str()) == 0) {
+    // The old directory, now empty (a step.tmp/ renamed whole): best effort.
+    (void)rmdir(Parent(from).c_str());
+    return SyncPath(Parent(to));
+  }
+  if (errno != ENOENT) return Errno("cannot rename", from);
+  // Moved by a pass that could not tell meta (it died, or meta did not answer)?
+  struct stat st;
+  if (stat(to.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == n.size()) {
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("'", from, "' is gone"));
 }
 
 absl::Status VolumeUploader::Upload(const rpc::Volume& vol, const rpc::VolumeInode& n,

@@ -10,7 +10,10 @@
 //                   ORIGIN/DIR/.NAME.ember-ID.tmp, syncs it, renames it to ORIGIN/PATH and syncs
 //                   the directory; then `Persisted` in meta (ignored there if the file changed).
 //   persisted, but  (renamed since, e.g. a checkpoint's step.tmp/ -> step/): the origin's copy
-//   at another path is renamed to the new path (uploaded again if it is gone there).
+//   at another path is renamed to the new path (uploaded again if it is gone there). Moves go
+//                   before uploads, and nothing is written over the path another file's copy is
+//                   at: a move onto it goes through a free name (.ember-moving-ID) first, an
+//                   upload waits for the next pass.
 // The origin's own directory must exist: a missing one (a shared file system not mounted) is
 // "origin unreachable", retried on the next pass, never created here. Not carried to the origin
 // (yet): unlinks, and contents a later commit replaced (the origin keeps the last upload).
@@ -44,6 +47,9 @@ class VolumeUploader {
   void Loop();
   // Copies whole contents `w` of `n` to ORIGIN/path (temp + rename, synced).
   absl::Status Upload(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& path);
+  // Renames the origin's copy of `n` (at its persisted_path) to `to_rel`. Returns: Ok (also when
+  // a pass before did it without telling meta); NotFound when the copy is gone; Unavailable.
+  absl::Status Move(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& to_rel);
   absl::Status MarkPersisted(const rpc::Volume& vol, const rpc::VolumeInode& n,
                              const std::string& path);
 
