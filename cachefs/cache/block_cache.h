@@ -276,7 +276,13 @@ class BlockCache {
   struct FileState {
     uint64_t stamp = 0;
     uint32_t writers = 0;
+    // `stamp` is of a change someone else made while the agent ran (not the agent's own write,
+    // taken after it ended, nor the baseline first seen): it may belong to a write whose bytes
+    // are still being copied in (the kernel changes the ctime first), so it is trusted only
+    // once it is kSettleNs old.
+    bool foreign = false;
   };
+  static constexpr uint64_t kSettleNs = 2'000'000'000;
   // A segment's key: (kSegmentKey, 0, segment).
   static constexpr uint32_t kSegmentKey = ~0u;
   static FileKey KeyOf(const BlockAddr& a, uint32_t segment) {
