@@ -7,7 +7,8 @@
 #             node a (a volume with --replicas 1), then the directory renamed: wall time until the
 #             last writer's close returned (the data is committed: synced, checksummed, in meta);
 #   save x2   the same into a volume with --replicas 2 (node b or c copies every shard from
-#             node a, checks and syncs it, before each close returns);
+#             node a, checks and syncs it, before each close returns); each case starts once
+#             the last one's write-back to the origin is done;
 #   local     the same writers into a directory of this disk (the ceiling: what the writers get
 #             with no Ember; the origin directory is on this disk too, so writing straight to the
 #             origin is the same figure); "local x2": the same bytes written twice at once (two
@@ -82,6 +83,17 @@ t0=$(now)
 SAVE_W=$(writers "$WORK/a/mnt/ckpt/step.tmp")
 mv "$WORK/a/mnt/ckpt/step.tmp" "$WORK/a/mnt/ckpt/step"
 SAVE=$(secs "$t0" "$(now)")
+# Each case from a quiet machine, as the ceilings are: the last case's write-back finished.
+uploaded() {  # VOLUME: waits (up to 120 s) until every file of VOLUME is in the origin
+  local i
+  for i in $(seq 1 240); do
+    "$B/ember" volume status "$1" --json | grep -q '"local"\|"replicated"' || return 0
+    sleep 0.5
+  done
+  say "$1: uploads did not finish in 120 s"
+  return 1
+}
+uploaded ckpt
 say "Ember save through node a, --replicas 2"
 mkdir "$WORK/a/mnt/ckpt2/step.tmp"
 sync
@@ -91,6 +103,7 @@ mv "$WORK/a/mnt/ckpt2/step.tmp" "$WORK/a/mnt/ckpt2/step"
 SAVE2=$(secs "$t0" "$(now)")
 "$B/ember" volume status ckpt2 --json | grep -c '"replicated"' | grep -qx "$RANKS" ||
   { say "--replicas 2: not every shard is replicated"; exit 1; }
+uploaded ckpt2
 say "restore on node b (page cache dropped)"
 drop_caches
 RESTORE=$(readers "$WORK/b/mnt/ckpt/step")

@@ -5,11 +5,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -232,6 +235,19 @@ TEST_F(VolumeTest, ChangesAnswerAsPosixSaysAndDatasetsStayReadOnly) {
   ASSERT_EQ(unlink(B("d/f").c_str()), 0);
   EXPECT_FALSE(fs::exists(A("d/f")));
   EXPECT_EQ(rmdir(A("d").c_str()), 0);
+  // A file open for writing goes past the mount's page cache; a shared mapping of it still
+  // writes (numpy.memmap-style saves).
+  int fd = open(A("mapped").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 3 * 4096), 0);
+  void* map = mmap(nullptr, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED) << strerror(errno);
+  const std::string bytes = Random(3 * 4096, 61);
+  std::memcpy(map, bytes.data(), bytes.size());
+  ASSERT_EQ(msync(map, bytes.size(), MS_SYNC), 0);
+  munmap(map, bytes.size());
+  ASSERT_EQ(close(fd), 0) << strerror(errno);
+  EXPECT_TRUE(Load(B("mapped")) == bytes);
   // Outside volumes the mount is read-only.
   EXPECT_EQ(mkdir((a_->mount() + "/new").c_str(), 0755), -1);
   EXPECT_EQ(errno, EROFS);
@@ -537,6 +553,44 @@ TEST_F(ReplicatedVolumeTest, TooFewNodesFailTheCloseAndCommitNothing) {
   EXPECT_EQ(close(fd), 0) << strerror(errno);
   EXPECT_TRUE(Load(B("w.pt")) == next + tail);
   EXPECT_EQ(Status("w.pt")["holders"], json::array({"n1", "n2"}));
+}
+
+// The largest file of n3's volume copies (staging and copies ahead have no `.sums`).
+uint64_t LargestCopy(const std::string& cache_dir) {
+  uint64_t most = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(cache_dir + "/volumes", ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec)) most = std::max<uint64_t>(most, it->file_size(ec));
+  }
+  return most;
+}
+
+TEST_F(ReplicatedVolumeTest, ReplicasCopyAheadWhileTheWriterWritesAndTheCommitMendsRewrites) {
+  const std::string data = Random(40 * kMiB + 11, 26);
+  int fd = open(A("big.pt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+  // Before any close, n3 (the other rack) copies the first 32 MiB ahead; nobody sees them yet.
+  bool ahead = false;
+  for (int i = 0; i < 200 && !ahead; ++i) {
+    ahead = LargestCopy(c_->cache_dir()) >= 32 * kMiB;
+    if (!ahead) usleep(50'000);
+  }
+  EXPECT_TRUE(ahead) << "no copy ahead on n3";
+  struct stat st;
+  EXPECT_EQ(stat(C("big.pt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);  // created, never committed: empty elsewhere
+  // A block already copied ahead is written again: the commit's copy takes the new bytes.
+  std::string next = data;
+  const std::string patch = Random(kMiB / 2, 27);
+  next.replace(kMiB + 100, patch.size(), patch);
+  ASSERT_EQ(pwrite(fd, patch.data(), patch.size(), kMiB + 100), static_cast<ssize_t>(patch.size()));
+  ASSERT_EQ(close(fd), 0) << strerror(errno) << a_->Log() << c_->Log();
+  EXPECT_EQ(Status("big.pt")["holders"], json::array({"n1", "n3"}));
+  a_->Kill(SIGKILL);
+  EXPECT_TRUE(Load(C("big.pt")) == next);  // n3's own copy, every block checked
+  EXPECT_TRUE(Load(B("big.pt")) == next);  // copied from n3
 }
 
 }  // namespace

@@ -134,7 +134,10 @@ bool KernelFuse::HandleInit() {
   uint64_t want = (options_.readdirplus ? FUSE_DO_READDIRPLUS : 0) | FUSE_ASYNC_READ |
                   FUSE_PARALLEL_DIROPS | FUSE_MAX_PAGES | FUSE_CACHE_SYMLINKS | FUSE_INIT_EXT |
                   FUSE_BIG_WRITES | FUSE_ATOMIC_O_TRUNC;
-  if (options_.direct_io) want |= FUSE_ASYNC_DIO | FUSE_DIRECT_IO_ALLOW_MMAP;
+  // Volume files open for writing are FOPEN_DIRECT_IO (FileHandle::Uncached): a shared mmap
+  // of one needs ALLOW_MMAP, asked for always (datasets use direct io only with --direct-io).
+  want |= FUSE_DIRECT_IO_ALLOW_MMAP;
+  if (options_.direct_io) want |= FUSE_ASYNC_DIO;
   if (options_.passthrough && !options_.no_open) want |= FUSE_PASSTHROUGH;
   if (options_.fuse_uring) want |= kFuseOverIoUring;
   uint64_t flags = offered & want;

@@ -89,7 +89,8 @@ void OpenFiles::Adopt(uint64_t ino, std::unique_ptr<FileSystem::FileHandle> hand
   OpenRecord o;
   o.ino = ino;
   o.handle = std::move(handle);
-  out->open_flags = 0;  // no FOPEN_KEEP_CACHE: contents may have changed since the last open
+  // No FOPEN_KEEP_CACHE: contents may have changed since the last open.
+  out->open_flags = o.handle != nullptr && o.handle->Uncached() ? FOPEN_DIRECT_IO : 0;
   out->backing_id = 0;
   out->fh = next_fh_++;
   opens_[out->fh] = std::move(o);

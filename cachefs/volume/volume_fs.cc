@@ -39,6 +39,7 @@ class VolumeFs::File final : public FileSystem::FileHandle {
       : fs_(fs), at_(std::move(at)), fuse_ino_(fuse_ino), block_size_(block_size) {}
   ~File() override;
   bool Volatile() const override { return true; }
+  bool Uncached() const override { return writable_; }
 
   VolumeFs* const fs_;
   const Ref at_;
@@ -52,6 +53,10 @@ class VolumeFs::File final : public FileSystem::FileHandle {
   std::vector<bool> checked_ ABSL_GUARDED_BY(mu_);  // per block of whole_
   // Writing.
   int fd_ ABSL_GUARDED_BY(mu_) = -1;  // staging of writing_id_, or -1 (none yet)
+  void CloseStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    close(fd_);
+    fd_ = -1;
+  }
   uint64_t writing_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t whole_id_ ABSL_GUARDED_BY(mu_) = 0;  // the contents id whole_ holds
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
@@ -62,6 +67,7 @@ class VolumeFs::File final : public FileSystem::FileHandle {
   uint64_t seq_end_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> seq_sums_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<BlockChecksummer> seq_block_ ABSL_GUARDED_BY(mu_);
+  Ahead ahead_ ABSL_GUARDED_BY(mu_);  // whole blocks of seq_sums_ copied ahead by replicas
   void HashLocked(uint64_t offset, const char* data, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checksums of every block when the staging file was written straight on, else null.
   std::optional<std::vector<uint64_t>> KnownSumsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -97,8 +103,7 @@ VolumeFs::File::~File() {
           at_.volume, at_.ino);
     }
     if (fd_ >= 0) {
-      close(fd_);
-      fd_ = -1;
+      CloseStagingLocked();
       fs_->store_->Drop(at_.vol_id, writing_id_);
     }
   }
@@ -112,15 +117,17 @@ VolumeFs::File::~File() {
 
 absl::Status VolumeFs::File::StageLocked() {
   if (fd_ >= 0) return absl::OkStatus();
-  absl::StatusOr<int> fd = whole_ == nullptr
-                               ? fs_->store_->CreateStaging(at_.vol_id, writing_id_)
-                               : fs_->store_->CopyToStaging(at_.vol_id, whole_id_, writing_id_);
+  // Empty contents (a file just created and committed empty) are not copied.
+  const bool empty = whole_ == nullptr || whole_->size == 0;
+  absl::StatusOr<int> fd = empty ? fs_->store_->CreateStaging(at_.vol_id, writing_id_)
+                                 : fs_->store_->CopyToStaging(at_.vol_id, whole_id_, writing_id_);
   if (!fd.ok()) return fd.status();
   fd_ = *fd;
-  seq_ok_ = whole_ == nullptr;  // written from empty: checksums may follow the writes
+  seq_ok_ = empty;  // written from empty: checksums may follow the writes
   seq_end_ = 0;
   seq_sums_.clear();
   seq_block_.reset();
+  ahead_.offered = 0;
   size_ = SizeLocked();
   return absl::OkStatus();
 }
@@ -184,6 +191,7 @@ absl::Status VolumeFs::File::RekeyLocked() {
   const uint64_t fresh = r.inode().writing_file_id();
   if (fd_ >= 0) RETURN_IF_ERROR(fs_->store_->Rekey(at_.vol_id, writing_id_, fresh));
   writing_id_ = fresh;
+  ahead_.offered = 0;  // copies ahead were of the old id
   renewed_ms_ = NowMs();
   rekey_ = false;
   return absl::OkStatus();
@@ -194,23 +202,41 @@ absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
   RETURN_IF_ERROR(RekeyLocked());  // a failed commit before this one
   RETURN_IF_ERROR(StageLocked());
   const std::optional<std::vector<uint64_t>> known = KnownSumsLocked();
-  ASSIGN_OR_RETURN(
-      std::vector<uint64_t> sums,
-      fs_->store_->Seal(at_.vol_id, writing_id_, fd_, block_size_, known ? &*known : nullptr));
+  const uint64_t size = SizeLocked();
   rpc::VolumeOpRequest req;
   auto* c = req.mutable_commit();
   c->set_ino(at_.ino);
   c->set_node(fs_->node_id_);
   c->set_file_id(writing_id_);
-  c->set_size(SizeLocked());
-  for (uint64_t s : sums) c->add_checksums(s);
+  c->set_size(size);
   // From here on, copies of writing_id_ may exist elsewhere: if this commit fails, the bytes
   // written on go under a new id (a copy of the old one must never pass for the new one).
   rekey_ = true;
-  absl::StatusOr<rpc::VolumeOpReply> r;
+  // With every block's checksum known (written straight on), the replicas copy while this node
+  // syncs: the whole file is offered, and the two run at once. Else: sealed (read for its
+  // checksums) first, then copied.
+  std::future<absl::StatusOr<std::vector<std::string>>> copies;
+  if (known) {
+    fs_->store_->Offer(at_.vol_id, writing_id_, fd_, block_size_, *known, size);
+    copies = std::async(std::launch::async,
+                        [fs = fs_, at = at_, id = writing_id_, bs = block_size_, &known, size] {
+                          return fs->Replicate(at, id, size, bs, *known);
+                        });
+  } else {
+    fs_->store_->Withdraw(at_.vol_id, writing_id_);  // blocks offered before were rewritten
+  }
+  absl::StatusOr<std::vector<uint64_t>> sealed =
+      fs_->store_->Seal(at_.vol_id, writing_id_, fd_, block_size_, known ? &*known : nullptr);
   absl::StatusOr<std::vector<std::string>> holders =
-      fs_->Replicate(at_, writing_id_, c->size(), block_size_, sums);
-  if (holders.ok()) {
+      copies.valid() ? copies.get()
+      : sealed.ok()  ? fs_->Replicate(at_, writing_id_, size, block_size_, *sealed)
+                     : sealed.status();
+  fs_->store_->Withdraw(at_.vol_id, writing_id_);  // sealed: served as whole contents now
+  absl::StatusOr<rpc::VolumeOpReply> r;
+  if (!sealed.ok()) {
+    r = sealed.status();
+  } else if (holders.ok()) {
+    for (uint64_t s : *sealed) c->add_checksums(s);
     for (auto& h : *holders) c->add_holders(std::move(h));
     c->set_keep_lease(keep_lease);
     r = fs_->Op(at_, req);
@@ -222,8 +248,7 @@ absl::Status VolumeFs::File::CommitLocked(bool keep_lease) {
     return r.status();
   }
   rekey_ = false;
-  close(fd_);
-  fd_ = -1;
+  CloseStagingLocked();
   whole_id_ = writing_id_;
   writing_id_ = r->inode().writing_file_id();
   renewed_ms_ = NowMs();
@@ -330,54 +355,10 @@ void VolumeFs::Forget(File* f) {
   for (auto [it, end] = writers_.equal_range(f->fuse_ino_); it != end; ++it) {
     if (it->second == f) {
       writers_.erase(it);
+      if (uploader_ != nullptr) uploader_->Foreground(-1);
       return;
     }
   }
-}
-
-absl::StatusOr<Entry> VolumeFs::Lookup(uint64_t parent, const std::string& name) {
-  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
-  rpc::VolumeOpRequest req;
-  req.mutable_lookup()->set_parent(at.ino);
-  req.mutable_lookup()->set_name(name);
-  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
-  return EntryOf(at, r.inode());
-}
-
-absl::StatusOr<Entry> VolumeFs::GetAttr(uint64_t ino) {
-  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
-  rpc::VolumeOpRequest req;
-  req.mutable_getattr()->set_ino(at.ino);
-  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
-  return EntryOf(at, r.inode());
-}
-
-absl::Status VolumeFs::ReadDir(
-    uint64_t ino, uint64_t offset,
-    const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn) {
-  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
-  // Offsets: 1 after ".", 2 after "..", 2 + i after the i-th entry of the listing (a checkpoint
-  // directory is small: the whole listing is read for each call).
-  std::vector<rpc::VolumeInode> entries;
-  rpc::VolumeInode self;
-  rpc::VolumeOpRequest req;
-  req.mutable_readdir()->set_ino(at.ino);
-  for (bool more = true; more;) {
-    ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
-    self = r.inode();
-    more = r.more();
-    for (auto& e : *r.mutable_entries()) {
-      req.mutable_readdir()->set_after(e.name());
-      entries.push_back(std::move(e));
-    }
-  }
-  Attr me = EntryOf(at, self).attr, up = me;
-  if (offset < 1 && !fn(".", me, 1)) return absl::OkStatus();
-  if (offset < 2 && !fn("..", up, 2)) return absl::OkStatus();
-  for (uint64_t i = offset < 2 ? 0 : offset - 2; i < entries.size(); ++i) {
-    if (!fn(entries[i].name(), EntryOf(at, entries[i]).attr, i + 3)) break;
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<VolumeFs::File>> VolumeFs::OpenForWrite(const Ref& at,
@@ -401,6 +382,7 @@ absl::StatusOr<std::unique_ptr<VolumeFs::File>> VolumeFs::OpenForWrite(const Ref
   }
   absl::MutexLock lock(&mu_);
   writers_.emplace(fuse_ino, f.get());
+  if (uploader_ != nullptr) uploader_->Foreground(+1);
   return f;
 }
 
@@ -505,21 +487,23 @@ absl::StatusOr<size_t> VolumeFs::Write(uint64_t /*ino*/, FileSystem::FileHandle*
   if (const uint64_t end = offset + size, now = f->size_.load(); end > now) {
     RETURN_IF_ERROR(store_->Reserve(end - now));  // waits for room, then ENOSPC
   }
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = pwrite(f->fd_, data + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno == ENOSPC ? ENOSPC : EIO;
-      // What was reserved past the bytes written is given back.
-      if (const uint64_t end = offset + done, had = f->size_.load(); offset + size > had) {
-        store_->Unreserve(offset + size - std::max(had, end));
-      }
-      return ErrnoStatus(err, absl::StrCat("volume write: ", strerror(errno)));
+  if (!PwriteFull(f->fd_, offset, data, size)) {
+    const int err = errno == ENOSPC ? ENOSPC : EIO;
+    const std::string why = strerror(errno);
+    // What was reserved past the bytes already there is given back (a failed write may have
+    // written part: the file's size says how far).
+    struct stat st;
+    const uint64_t now = fstat(f->fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    if (const uint64_t had = f->size_.load(); offset + size > std::max(had, now)) {
+      store_->Unreserve(offset + size - std::max(had, now));
     }
-    done += static_cast<size_t>(n);
+    f->seq_ok_ = false;  // what a failed write left is not known
+    return ErrnoStatus(err, absl::StrCat("volume write: ", why));
   }
+  const size_t done = size;
   f->HashLocked(offset, data, size);
+  if (f->seq_ok_)
+    SendAhead(f->at_, f->writing_id_, f->fd_, f->block_size_, f->seq_sums_, &f->ahead_);
   f->dirty_ = true;
   f->size_ = std::max(f->size_.load(), offset + size);
   return done;

@@ -19,6 +19,8 @@
 //   replicas           before the commit, `--replicas - 1` other nodes copy the sealed contents
 //                      from the writer and sync them (volume_replicas.cc); the commit names them
 //                      all, or fails with EIO when too few could (nothing is committed then).
+//                      While a file is written straight on, they copy its blocks ahead (every
+//                      32 MiB), and the commit's copy of the rest runs while the writer syncs.
 //   upload             in the background, to the volume's origin directory (volume_upload.h);
 //                      then `persisted`. An open on a node when no holder can give the contents
 //                      reads the origin's copy of persisted ones, checked block by block.
@@ -32,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,6 +125,21 @@ class VolumeFs {
   VolumeStore::BatchReader FromPeers(uint32_t vol, uint64_t file_id,
                                      std::vector<std::string> peers);
   uint32_t ReplicasOf(uint32_t vol_id);
+  // Other live nodes in the order copies of `file_id` go to (other failure domains first).
+  absl::StatusOr<std::vector<rpc::Node>> ReplicaCandidates(uint64_t file_id);
+  // A writer's copies ahead of its commit: what it sent, to whom, and the sending under way.
+  struct Ahead {
+    uint64_t offered = 0;            // blocks sent ahead so far
+    bool off = false;                // nobody to send to (one copy), or no address
+    std::vector<std::string> peers;  // chosen at the first sending
+    std::string source;              // this node's address
+    std::future<void> sending;
+  };
+  // Offers blocks 0 .. sums.size() - 1 of staging `file_id` (`fd`, written straight on, `sums`
+  // of its whole blocks) and, once 32 MiB more than before are whole and no sending is under
+  // way, has the replicas copy the new ones ahead (VolumePrecopy, in the background).
+  void SendAhead(const Ref& at, uint64_t file_id, int fd, uint64_t block_size,
+                 const std::vector<uint64_t>& sums, Ahead* a);
   // Copies sealed contents `file_id` of `at` (this node's) to the volume's `replicas - 1` other
   // nodes (volume_replicas.cc). Returns: the holders, this node first; EIO when too few nodes
   // took a copy (naming each failure).

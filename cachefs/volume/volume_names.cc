@@ -1,5 +1,5 @@
-// VolumeFs's changes of names (mkdir, unlink, rmdir, rename) and its extended attribute
-// (volume_fs.h): each one operation in meta.
+// VolumeFs's names (volume_fs.h): lookups, attributes and listings, changes of names (mkdir,
+// unlink, rmdir, rename) and the extended attribute: each one operation in meta.
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +10,51 @@ namespace ember::cachefs {
 namespace {
 constexpr uint32_t kRenameNoreplace = 1;  // RENAME_NOREPLACE (linux/fs.h)
 }  // namespace
+
+absl::StatusOr<Entry> VolumeFs::Lookup(uint64_t parent, const std::string& name) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(parent));
+  rpc::VolumeOpRequest req;
+  req.mutable_lookup()->set_parent(at.ino);
+  req.mutable_lookup()->set_name(name);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  return EntryOf(at, r.inode());
+}
+
+absl::StatusOr<Entry> VolumeFs::GetAttr(uint64_t ino) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
+  rpc::VolumeOpRequest req;
+  req.mutable_getattr()->set_ino(at.ino);
+  ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+  return EntryOf(at, r.inode());
+}
+
+absl::Status VolumeFs::ReadDir(
+    uint64_t ino, uint64_t offset,
+    const std::function<bool(const std::string&, const Attr&, uint64_t)>& fn) {
+  ASSIGN_OR_RETURN(Ref at, Resolve(ino));
+  // Offsets: 1 after ".", 2 after "..", 2 + i after the i-th entry of the listing (a checkpoint
+  // directory is small: the whole listing is read for each call).
+  std::vector<rpc::VolumeInode> entries;
+  rpc::VolumeInode self;
+  rpc::VolumeOpRequest req;
+  req.mutable_readdir()->set_ino(at.ino);
+  for (bool more = true; more;) {
+    ASSIGN_OR_RETURN(rpc::VolumeOpReply r, Op(at, req));
+    self = r.inode();
+    more = r.more();
+    for (auto& e : *r.mutable_entries()) {
+      req.mutable_readdir()->set_after(e.name());
+      entries.push_back(std::move(e));
+    }
+  }
+  Attr me = EntryOf(at, self).attr, up = me;
+  if (offset < 1 && !fn(".", me, 1)) return absl::OkStatus();
+  if (offset < 2 && !fn("..", up, 2)) return absl::OkStatus();
+  for (uint64_t i = offset < 2 ? 0 : offset - 2; i < entries.size(); ++i) {
+    if (!fn(entries[i].name(), EntryOf(at, entries[i]).attr, i + 3)) break;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Entry> VolumeFs::MkDir(uint64_t parent, const std::string& name, uint32_t mode,
                                       uint32_t uid, uint32_t gid) {

@@ -2,6 +2,11 @@
 // to copy the sealed contents from it (a call over the block transport, VolumeReplicate); each
 // pulls the blocks with pipelined block requests, checks every one against the checksums in the
 // call, syncs its copy and only then answers. The commit names every node that answered.
+// Ahead of that, while a file is written straight on (a checkpoint's save), the writer offers its
+// whole blocks and, every 32 MiB, asks the same nodes to copy the new ones (VolumePrecopy, in
+// the background, not synced): the disk and the network work while the writer writes, and the
+// commit's copy takes only the blocks not copied ahead with the checksums it names. A copy ahead
+// that fails costs nothing but time: the commit's copy takes those blocks.
 //
 // Which nodes: live ones, those in another `rack` (then another `switch`) than the writer first,
 // so that the copies do not share a failure domain when the labels say there are several; among
@@ -71,13 +76,7 @@ uint32_t VolumeFs::ReplicasOf(uint32_t vol_id) {
   return 1;
 }
 
-absl::StatusOr<std::vector<std::string>> VolumeFs::Replicate(const Ref& at, uint64_t file_id,
-                                                             uint64_t size, uint64_t block_size,
-                                                             const std::vector<uint64_t>& sums) {
-  std::vector<std::string> holders = {node_id_};
-  const uint32_t want = ReplicasOf(at.vol_id);
-  if (want <= 1 || size == 0) return holders;
-  ASSIGN_OR_RETURN(std::string me, PeerAddress(node_id_));
+absl::StatusOr<std::vector<rpc::Node>> VolumeFs::ReplicaCandidates(uint64_t file_id) {
   absl::StatusOr<std::vector<rpc::Node>> nodes = meta_->ListNodes();
   if (!nodes.ok()) return VolumeErrno(nodes.status());
   rpc::Node self;
@@ -97,6 +96,66 @@ absl::StatusOr<std::vector<std::string>> VolumeFs::Replicate(const Ref& at, uint
   };
   std::sort(candidates.begin(), candidates.end(),
             [&](const rpc::Node& a, const rpc::Node& b) { return rank(a) < rank(b); });
+  return candidates;
+}
+
+void VolumeFs::SendAhead(const Ref& at, uint64_t file_id, int fd, uint64_t block_size,
+                         const std::vector<uint64_t>& sums, Ahead* a) {
+  constexpr uint64_t kEvery = 32u << 20;
+  if (a->off || sums.size() < a->offered + std::max<uint64_t>(1, kEvery / block_size)) return;
+  if (a->sending.valid()) {
+    if (a->sending.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+    a->sending.get();
+  }
+  if (a->peers.empty()) {
+    const uint32_t want = ReplicasOf(at.vol_id);
+    absl::StatusOr<std::vector<rpc::Node>> chosen =
+        want > 1 ? ReplicaCandidates(file_id) : absl::NotFoundError("one copy");
+    absl::StatusOr<std::string> me = PeerAddress(node_id_);
+    if (!chosen.ok() || !me.ok()) {
+      a->off = true;  // the commit's copy takes every block
+      return;
+    }
+    for (size_t i = 0; i < chosen->size() && a->peers.size() + 1 < want; ++i) {
+      a->peers.push_back((*chosen)[i].address());
+    }
+    a->source = *me;
+    if (a->peers.empty()) {
+      a->off = true;
+      return;
+    }
+  }
+  store_->Offer(at.vol_id, file_id, fd, block_size, sums);
+  rpc::NodeCall call;
+  auto* p = call.mutable_precopy();
+  p->set_volume(at.vol_id);
+  p->set_file_id(file_id);
+  p->set_block_size(block_size);
+  p->set_first(a->offered);
+  for (uint64_t i = a->offered; i < sums.size(); ++i) p->add_checksums(sums[i]);
+  p->set_source(a->source);
+  const uint64_t bytes = (sums.size() - a->offered) * block_size;
+  a->offered = sums.size();
+  a->sending = std::async(std::launch::async, [this, peers = a->peers, volume = at.volume,
+                                               request = call.SerializeAsString(), bytes] {
+    for (const auto& peer : peers) {  // a copy ahead that fails is taken by the commit's copy
+      absl::StatusOr<std::string> answer = transport_->Call(peer, request, CopyTimeout(bytes));
+      rpc::NodeCallReply reply;
+      if (answer.ok() && reply.ParseFromString(*answer) && reply.error().empty()) continue;
+      spdlog::debug("volume {}: {} did not copy ahead: {}", volume, peer,
+                    answer.ok() ? reply.error() : std::string(answer.status().message()));
+    }
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> VolumeFs::Replicate(const Ref& at, uint64_t file_id,
+                                                             uint64_t size, uint64_t block_size,
+                                                             const std::vector<uint64_t>& sums) {
+  std::vector<std::string> holders = {node_id_};
+  const uint32_t want = ReplicasOf(at.vol_id);
+  if (want <= 1 || size == 0) return holders;
+  ASSIGN_OR_RETURN(std::string me, PeerAddress(node_id_));
+  ASSIGN_OR_RETURN(std::vector<rpc::Node> candidates, ReplicaCandidates(file_id));
 
   rpc::NodeCall call;
   auto* r = call.mutable_replicate();
@@ -150,15 +209,34 @@ absl::StatusOr<std::vector<std::string>> VolumeFs::Replicate(const Ref& at, uint
 absl::StatusOr<std::string> VolumeFs::ServeCall(std::string_view request) {
   rpc::NodeCall call;
   if (!call.ParseFromArray(request.data(), static_cast<int>(request.size())) ||
-      !call.has_replicate()) {
+      (!call.has_replicate() && !call.has_precopy())) {
     return absl::InvalidArgumentError("not a call this node knows");
   }
-  const rpc::VolumeReplicate& r = call.replicate();
   rpc::NodeCallReply reply;
+  // A volume of this node's list, of this block size.
+  auto known = [this](uint32_t vol, uint64_t block_size) {
+    bool found = false;
+    for (const auto& v : Volumes()) found |= v.id() == vol && v.block_size() == block_size;
+    return found && block_size > 0 && block_size <= (64u << 20);
+  };
+  if (call.has_precopy()) {
+    const rpc::VolumePrecopy& p = call.precopy();
+    if (!known(p.volume(), p.block_size()) || p.checksums_size() > 4096) {
+      reply.set_error(absl::StrCat("node ", node_id_, ": a copy ahead of an unknown volume, ",
+                                   "another block size, or too many blocks at once"));
+      return reply.SerializeAsString();
+    }
+    const std::vector<uint64_t> sums(p.checksums().begin(), p.checksums().end());
+    if (uploader_ != nullptr) uploader_->Foreground(+1);
+    absl::Status st = store_->Precopy(p.volume(), p.file_id(), p.block_size(), p.first(), sums,
+                                      FromPeers(p.volume(), p.file_id(), {p.source()}));
+    if (uploader_ != nullptr) uploader_->Foreground(-1);
+    if (!st.ok()) reply.set_error(absl::StrCat("node ", node_id_, ": ", st.message()));
+    return reply.SerializeAsString();
+  }
+  const rpc::VolumeReplicate& r = call.replicate();
   const std::vector<uint64_t> sums(r.checksums().begin(), r.checksums().end());
-  bool known = false;  // a volume of this node's list, of this block size
-  for (const auto& v : Volumes()) known |= v.id() == r.volume() && v.block_size() == r.block_size();
-  if (!known || r.block_size() == 0 || r.block_size() > (64u << 20) ||
+  if (!known(r.volume(), r.block_size()) ||
       sums.size() != (r.size() + r.block_size() - 1) / r.block_size()) {
     reply.set_error(absl::StrCat("node ", node_id_, ": a copy asked for of an unknown volume, ",
                                  "another block size, or checksums not covering its size"));
@@ -169,8 +247,10 @@ absl::StatusOr<std::string> VolumeFs::ServeCall(std::string_view request) {
   if (auto have = store_->Open(r.volume(), r.file_id()); have.ok() && (*have)->sums != sums) {
     store_->Drop(r.volume(), r.file_id());
   }
+  if (uploader_ != nullptr) uploader_->Foreground(+1);  // a commit waits for this copy
   auto whole = store_->Fetch(r.volume(), r.file_id(), r.size(), r.block_size(), sums,
                              FromPeers(r.volume(), r.file_id(), {r.source()}), /*durable=*/true);
+  if (uploader_ != nullptr) uploader_->Foreground(-1);
   if (!whole.ok()) {
     reply.set_error(absl::StrCat("node ", node_id_, ": ", whole.status().message()));
   }

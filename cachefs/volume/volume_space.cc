@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cachefs/volume/volume_store.h"
@@ -85,6 +87,8 @@ absl::Status VolumeStore::Reserve(uint64_t bytes) {
                                             FormatBytes(limit_), " (--volume-space)"));
   }
   const absl::Time deadline = absl::Now() + wait_;
+  waiting_++;  // uploads do not pause for writers while one waits for them
+  absl::Cleanup waited = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(space_mu_) { waiting_--; };
   while (!MakeRoomLocked(bytes)) {
     if (absl::Now() >= deadline) {
       enospc->Inc();
@@ -100,6 +104,11 @@ absl::Status VolumeStore::Reserve(uint64_t bytes) {
   }
   used_ += bytes;
   return absl::OkStatus();
+}
+
+bool VolumeStore::Starved() {
+  absl::MutexLock lock(&space_mu_);
+  return waiting_ > 0;
 }
 
 int VolumeStore::DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>& live,
@@ -122,6 +131,31 @@ int VolumeStore::DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>&
     }
   }
   for (const auto& [vol, id] : drop) Drop(vol, id);
+  // Copies made ahead of a commit that never came (the writer died, or its commit failed).
+  std::vector<std::pair<uint32_t, uint64_t>> stale;
+  auto stale_locked =
+      [&](const std::pair<uint32_t, uint64_t>& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu_) {
+        auto it = ahead_.find(key);
+        return it != ahead_.end() && live.count(key) == 0 && it->second.touched < sealed_before;
+      };
+  {
+    absl::MutexLock lock(&fetch_mu_);
+    for (const auto& [key, ahead] : ahead_) {
+      if (stale_locked(key)) stale.push_back(key);
+    }
+  }
+  for (const auto& key : stale) {
+    std::shared_ptr<void> turn = CopyTurn(key);  // not while a copy of it runs
+    bool still;
+    {
+      absl::MutexLock lock(&fetch_mu_);
+      still = stale_locked(key);
+    }
+    if (still) {
+      Drop(key.first, key.second);
+      drop.push_back(key);
+    }
+  }
   if (!drop.empty()) {
     spdlog::info("volume: dropped {} contents no file refers to any more", drop.size());
   }

@@ -8,6 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <future>
+#include <optional>
 #include <set>
 
 #include "absl/cleanup/cleanup.h"
@@ -208,21 +211,72 @@ absl::StatusOr<std::vector<uint64_t>> VolumeStore::Seal(uint32_t vol, uint64_t f
   return sums;
 }
 
+namespace {
+
+// Reads blocks `want` (ascending) with `read_blocks`, a batch at a time (one pipelined request to
+// a peer; the next batch is asked for while this one is checked and written, so that the network
+// and the disk work at once), checks each against `expect[i]` and writes it at its offset in
+// `fd`. Returns: Ok; the reader's error; DataLoss; the write's errno.
+absl::Status CopyIn(int fd, const std::string& path, uint64_t file_id,
+                    const std::vector<uint64_t>& want, uint64_t block_size, uint64_t size,
+                    const std::function<uint64_t(uint64_t)>& expect,
+                    const VolumeStore::BatchReader& read_blocks) {
+  using Piece = VolumeStore::Piece;
+  const size_t batch = static_cast<size_t>(std::max<uint64_t>(1, kFetchBytes / block_size));
+  std::unique_ptr<char[]> bufs[2] = {std::unique_ptr<char[]>(new char[batch * block_size]),
+                                     std::unique_ptr<char[]>(new char[batch * block_size])};
+  auto ask = [&](size_t at, int which) {
+    std::vector<Piece> pieces;
+    for (size_t k = at; k < std::min(want.size(), at + batch); ++k) {
+      const uint64_t off = want[k] * block_size;
+      pieces.push_back(Piece{want[k], bufs[which].get() + (k - at) * block_size,
+                             static_cast<size_t>(std::min(block_size, size - off))});
+    }
+    return std::async(std::launch::async, [&read_blocks, pieces = std::move(pieces)]() mutable {
+      absl::Status got = read_blocks(pieces);
+      return std::make_pair(got, std::move(pieces));
+    });
+  };
+  absl::Status st;
+  std::future<std::pair<absl::Status, std::vector<Piece>>> next;
+  if (!want.empty()) next = ask(0, 0);
+  for (size_t at = 0, which = 0; at < want.size() && st.ok(); at += batch, which ^= 1) {
+    auto [got, pieces] = next.get();
+    if (got.ok() && at + batch < want.size()) next = ask(at + batch, static_cast<int>(which ^ 1));
+    st = got;
+    for (const Piece& p : pieces) {
+      if (!st.ok()) break;
+      if (BlockChecksum(p.buf, p.len) != expect(p.index)) {
+        st = absl::DataLossError(absl::StrCat("block ", p.index, " of contents ", file_id,
+                                              " from a peer does not match its checksum"));
+      } else if (!PwriteFull(fd, p.index * block_size, p.buf, p.len)) {
+        st = Errno("cannot write", path);
+      }
+    }
+  }
+  if (next.valid()) next.wait();  // a batch asked for before a failure: its buffer is ours
+  return st;
+}
+
+}  // namespace
+
+std::shared_ptr<void> VolumeStore::CopyTurn(std::pair<uint32_t, uint64_t> key) {
+  absl::MutexLock lock(&fetch_mu_);
+  while (fetching_.count(key) > 0) fetched_.Wait(&fetch_mu_);
+  fetching_.insert(key);
+  return std::shared_ptr<void>(nullptr, [this, key](void*) {
+    absl::MutexLock lock(&fetch_mu_);
+    fetching_.erase(key);
+    fetched_.SignalAll();
+  });
+}
+
 absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
     const std::vector<uint64_t>& sums, const BatchReader& read_blocks, bool durable) {
   // One copy of a contents id at a time; copies of different ids run side by side.
   const std::pair<uint32_t, uint64_t> key{vol, file_id};
-  {
-    absl::MutexLock lock(&fetch_mu_);
-    while (fetching_.count(key) > 0) fetched_.Wait(&fetch_mu_);
-    fetching_.insert(key);
-  }
-  absl::Cleanup done = [&] {
-    absl::MutexLock lock(&fetch_mu_);
-    fetching_.erase(key);
-    fetched_.SignalAll();
-  };
+  std::shared_ptr<void> turn = CopyTurn(key);
   if (auto have = Open(vol, file_id); have.ok()) {
     if (!durable) return have;
     // A copy made for reading was not synced: make it what a replica promises.
@@ -237,50 +291,143 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     return absl::InternalError(absl::StrCat("contents ", file_id, " of ", size, " bytes need ",
                                             blocks, " checksums, have ", sums.size()));
   }
-  RETURN_IF_ERROR(Reserve(size));
-  ASSIGN_OR_RETURN(int fd, CreateStaging(vol, file_id));
-  // Blocks are asked for kBatch at a time (one pipelined request to a peer), checked and written.
-  const uint64_t batch = std::max<uint64_t>(1, kFetchBytes / block_size);
-  std::unique_ptr<char[]> buf(new char[batch * block_size]);
-  absl::Status st;
-  for (uint64_t first = 0; first < blocks && st.ok(); first += batch) {
-    std::vector<Piece> pieces;
-    for (uint64_t i = first; i < std::min(blocks, first + batch); ++i) {
-      const uint64_t off = i * block_size;
-      pieces.push_back(Piece{i, buf.get() + (i - first) * block_size,
-                             static_cast<size_t>(std::min(block_size, size - off))});
-    }
-    st = read_blocks(pieces);
-    for (const Piece& p : pieces) {
-      if (!st.ok()) break;
-      if (BlockChecksum(p.buf, p.len) != sums[p.index]) {
-        st = absl::DataLossError(absl::StrCat("block ", p.index, " of contents ", file_id,
-                                              " from a peer does not match its checksum"));
-      } else if (!PwriteFull(fd, p.index * block_size, p.buf, p.len)) {
-        st = Errno("cannot write", PathOf(vol, file_id));
-      }
+  std::optional<Ahead> ahead;  // blocks copied ahead of this commit (Precopy)
+  {
+    absl::MutexLock lock(&fetch_mu_);
+    if (auto it = ahead_.find(key); it != ahead_.end()) {
+      ahead = std::move(it->second);
+      ahead_.erase(it);
     }
   }
-  if (st.ok() && durable && fdatasync(fd) != 0) st = Errno("cannot sync", PathOf(vol, file_id));
+  const std::string path = PathOf(vol, file_id);
+  int fd = -1;
+  if (ahead && ahead->block_size == block_size) {
+    if (size > ahead->end) {
+      if (absl::Status room = Reserve(size - ahead->end); !room.ok()) {
+        Drop(vol, file_id);
+        return room;
+      }
+    }
+    fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 || (ahead->end > size && ftruncate(fd, static_cast<off_t>(size)) != 0)) {
+      absl::Status st = Errno("cannot open", path);
+      if (fd >= 0) close(fd);
+      Drop(vol, file_id);
+      Unreserve(size > ahead->end ? size - ahead->end : 0);
+      return st;
+    }
+    if (ahead->end > size) Unreserve(ahead->end - size);
+  } else {
+    if (ahead) Drop(vol, file_id);  // copied ahead with another block size: of no use
+    ahead.reset();
+    RETURN_IF_ERROR(Reserve(size));
+    ASSIGN_OR_RETURN(fd, CreateStaging(vol, file_id));
+  }
+  std::vector<uint64_t> want;
+  for (uint64_t i = 0; i < blocks; ++i) {
+    if (ahead) {
+      auto it = ahead->sums.find(i);
+      if (it != ahead->sums.end() && it->second == sums[i]) continue;  // here already
+    }
+    want.push_back(i);
+  }
+  absl::Status st = CopyIn(
+      fd, path, file_id, want, block_size, size, [&sums](uint64_t i) { return sums[i]; },
+      read_blocks);
+  if (st.ok() && durable && fdatasync(fd) != 0) st = Errno("cannot sync", path);
   close(fd);
   // A copy for reading is not synced: its reads check every block against `sums` (a copy torn
   // by a power loss is dropped then and copied again). A replica is (the commit counts on it).
   if (st.ok()) st = WriteSums(vol, file_id, size, block_size, sums, /*sync=*/durable);
   if (!st.ok()) {
     struct stat got;
-    const uint64_t on_disk =
-        stat(PathOf(vol, file_id).c_str(), &got) == 0 ? static_cast<uint64_t>(got.st_size) : 0;
+    const uint64_t on_disk = stat(path.c_str(), &got) == 0 ? static_cast<uint64_t>(got.st_size) : 0;
     Drop(vol, file_id);  // gives back what is on disk; the rest of the reservation here
     Unreserve(size - std::min(size, on_disk));
     return st;
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Whole> whole, OpenWhole(vol, file_id));
-  whole->verified = true;
+  whole->verified = ahead == std::nullopt;  // blocks copied ahead were checked, but earlier
   return std::shared_ptr<const Whole>(std::move(whole));
+}
+
+absl::Status VolumeStore::Precopy(uint32_t vol, uint64_t file_id, uint64_t block_size,
+                                  uint64_t first, const std::vector<uint64_t>& sums,
+                                  const BatchReader& read_blocks) {
+  const std::pair<uint32_t, uint64_t> key{vol, file_id};
+  std::shared_ptr<void> turn = CopyTurn(key);
+  const std::string path = PathOf(vol, file_id);
+  struct stat st;
+  if (stat((path + ".sums").c_str(), &st) == 0) return absl::OkStatus();  // whole already
+  Ahead ahead;
+  {
+    absl::MutexLock lock(&fetch_mu_);
+    if (auto it = ahead_.find(key); it != ahead_.end()) {
+      ahead = std::move(it->second);
+      ahead_.erase(it);
+    }
+  }
+  if (ahead.block_size != block_size) {
+    if (ahead.block_size != 0) Drop(vol, file_id);
+    ahead = Ahead{block_size, {}, 0, absl::Now()};
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(absl::StrCat(dir_, "/", vol), ec);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot create", path);
+  absl::Cleanup closing = [fd] { close(fd); };
+  std::vector<uint64_t> want;
+  for (uint64_t i = first; i < first + sums.size(); ++i) {
+    auto it = ahead.sums.find(i);
+    if (it == ahead.sums.end() || it->second != sums[i - first]) want.push_back(i);
+  }
+  const uint64_t end = (first + sums.size()) * block_size;
+  absl::Status result;
+  if (end > ahead.end) {
+    result = Reserve(end - ahead.end);
+    if (result.ok()) ahead.end = end;
+  }
+  if (result.ok()) {
+    for (uint64_t i : want) ahead.sums.erase(i);  // rewritten below, or of unknown bytes
+    result = CopyIn(
+        fd, path, file_id, want, block_size, end, [&](uint64_t i) { return sums[i - first]; },
+        read_blocks);
+    // What was written before a failure is known only as far as the reader got: keep none of
+    // this call's blocks then (the commit's Fetch asks for them).
+    if (result.ok()) {
+      for (uint64_t i : want) ahead.sums[i] = sums[i - first];
+    }
+  }
+  ahead.touched = absl::Now();
+  absl::MutexLock lock(&fetch_mu_);
+  ahead_[key] = std::move(ahead);
+  return result;
+}
+
+void VolumeStore::Offer(uint32_t vol, uint64_t file_id, int fd, uint64_t block_size,
+                        std::vector<uint64_t> sums, uint64_t size) {
+  auto w = std::make_shared<Whole>();
+  w->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (w->fd < 0) return;  // not offered: the commit's copy takes every block
+  w->block_size = block_size;
+  w->size = std::min<uint64_t>(size, sums.size() * block_size);
+  w->sums = std::move(sums);
+  absl::MutexLock lock(&serving_mu_);
+  offered_[{vol, file_id}] = std::move(w);
+}
+
+void VolumeStore::Withdraw(uint32_t vol, uint64_t file_id) {
+  std::shared_ptr<const Whole> gone;  // closed after the lock
+  absl::MutexLock lock(&serving_mu_);
+  if (auto it = offered_.find({vol, file_id}); it != offered_.end()) {
+    gone = std::move(it->second);
+    offered_.erase(it);
+  }
 }
 
 absl::Status VolumeStore::Rekey(uint32_t vol, uint64_t from, uint64_t to) {
   ForgetServing(vol, from);
+  Withdraw(vol, from);
   const std::string path = PathOf(vol, from);
   unlink((path + ".sums").c_str());
   if (rename(path.c_str(), PathOf(vol, to).c_str()) != 0) return Errno("cannot rename", path);
@@ -289,6 +436,11 @@ absl::Status VolumeStore::Rekey(uint32_t vol, uint64_t from, uint64_t to) {
 
 void VolumeStore::Drop(uint32_t vol, uint64_t file_id) {
   ForgetServing(vol, file_id);
+  Withdraw(vol, file_id);
+  {
+    absl::MutexLock lock(&fetch_mu_);
+    ahead_.erase({vol, file_id});
+  }
   const std::string path = PathOf(vol, file_id);
   struct stat st;
   const uint64_t size = stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
@@ -312,6 +464,10 @@ std::optional<VolumeStore::Block> VolumeStore::GetBlock(const BlockAddr& addr) {
   {
     absl::MutexLock lock(&serving_mu_);
     if (auto it = serving_.find(key); it != serving_.end()) w = it->second;
+    if (auto it = offered_.find(key);
+        w == nullptr && it != offered_.end() && addr.index < it->second->sums.size()) {
+      w = it->second;
+    }
   }
   if (w == nullptr) {
     auto opened = Open(addr.dataset_id, addr.file_id);

@@ -84,6 +84,25 @@ class VolumeStore {
                                                      const BatchReader& read_blocks,
                                                      bool durable = false);
 
+  // ---- copies made ahead of a commit (volume_replicas.cc's writers send them) ----
+  // Offers blocks 0 .. sums.size() - 1 of a writer's staging file (`fd`, still being written,
+  // or being sealed: then `size` is its size and `sums` cover it) to peers: GetBlock serves
+  // them, with `sums` (as written), until Withdraw, Drop or Rekey of the id, or the next Offer
+  // (which replaces it).
+  void Offer(uint32_t vol, uint64_t file_id, int fd, uint64_t block_size,
+             std::vector<uint64_t> sums, uint64_t size = UINT64_MAX)
+      ABSL_LOCKS_EXCLUDED(serving_mu_);
+  void Withdraw(uint32_t vol, uint64_t file_id) ABSL_LOCKS_EXCLUDED(serving_mu_);
+  // A replica's copy made while the writer still writes: blocks first .. first + sums.size() - 1
+  // of contents `file_id`, read with `read_blocks`, checked against `sums` and written (not
+  // synced) to what becomes the contents' file. A later Fetch of the id (the commit's copy)
+  // asks only for blocks not copied ahead with the checksum the commit names. Copies ahead no
+  // commit came for are dropped by DropUnreferenced, and at a restart. Returns: Ok; the
+  // reader's error; DataLoss; ENOSPC.
+  absl::Status Precopy(uint32_t vol, uint64_t file_id, uint64_t block_size, uint64_t first,
+                       const std::vector<uint64_t>& sums, const BatchReader& read_blocks)
+      ABSL_LOCKS_EXCLUDED(fetch_mu_);
+
   // Renames staging (or sealed, not committed) contents `from` to `to`, unsealed: a writer whose
   // commit failed writes on under a new id (copies of `from` made meanwhile are never named).
   // An fd open on it stays valid. Returns: Ok; EIO.
@@ -114,6 +133,8 @@ class VolumeStore {
   // evictable), then fails. Returns: Ok; ENOSPC naming the limit and what holds it (logged and
   // counted: ember_volume_enospc_total).
   absl::Status Reserve(uint64_t bytes) ABSL_LOCKS_EXCLUDED(space_mu_);
+  // Whether a Reserve is waiting for room (uploads are what make it).
+  bool Starved() ABSL_LOCKS_EXCLUDED(space_mu_);
   // Gives back bytes reserved and never written.
   void Unreserve(uint64_t bytes) ABSL_LOCKS_EXCLUDED(space_mu_);
   // Contents the origin holds (may be dropped for room): replaces the set given before.
@@ -132,6 +153,7 @@ class VolumeStore {
   absl::CondVar room_;    // evictable contents or room appeared
   uint64_t limit_ ABSL_GUARDED_BY(space_mu_) = 0;
   uint64_t used_ ABSL_GUARDED_BY(space_mu_) = 0;
+  int waiting_ ABSL_GUARDED_BY(space_mu_) = 0;  // Reserves waiting for room
   absl::Duration wait_ ABSL_GUARDED_BY(space_mu_) = absl::Seconds(10);
   std::set<std::pair<uint32_t, uint64_t>> evictable_ ABSL_GUARDED_BY(space_mu_);
 
@@ -149,9 +171,21 @@ class VolumeStore {
       ABSL_GUARDED_BY(serving_mu_);
   void ForgetServing(uint32_t vol, uint64_t file_id) ABSL_LOCKS_EXCLUDED(serving_mu_);
 
+  std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<const Whole>> offered_
+      ABSL_GUARDED_BY(serving_mu_);  // staging files offered (sums: of the blocks offered)
+
   absl::Mutex fetch_mu_;
   std::set<std::pair<uint32_t, uint64_t>> fetching_ ABSL_GUARDED_BY(fetch_mu_);  // being copied
   absl::CondVar fetched_;                                                        // a copy ended
+  // Waits until no copy of `key` runs, then marks one running until the returned object dies.
+  std::shared_ptr<void> CopyTurn(std::pair<uint32_t, uint64_t> key) ABSL_LOCKS_EXCLUDED(fetch_mu_);
+  struct Ahead {  // a copy made ahead of its commit (Precopy)
+    uint64_t block_size = 0;
+    std::map<uint64_t, uint64_t> sums;  // block -> checksum of what was written there
+    uint64_t end = 0;                   // the file's size (reserved in space)
+    absl::Time touched;
+  };
+  std::map<std::pair<uint32_t, uint64_t>, Ahead> ahead_ ABSL_GUARDED_BY(fetch_mu_);
 };
 
 }  // namespace ember::cachefs

@@ -158,5 +158,55 @@ TEST(VolumeStoreTest, ContentsNoFileNamesAreDroppedOnceTheyAreOldNeverStagingOrL
   EXPECT_TRUE(std::filesystem::exists(store.PathOf(3, 4)));
 }
 
+TEST(VolumeStoreTest, BlocksCopiedAheadAreNotAskedForAgainUnlessTheCommitNamesOtherBytes) {
+  ember::testing::TempDir dir;
+  VolumeStore store(dir.Sub("v"));
+  std::string data = Bytes(4 * kBlock + 10, 'p');
+  std::vector<uint64_t> asked;
+  auto reader = [&](const std::string& from) {
+    return [&asked, from](std::vector<VolumeStore::Piece>& pieces) {
+      for (auto& p : pieces) {
+        asked.push_back(p.index);
+        std::memcpy(p.buf, from.data() + p.index * kBlock, p.len);
+      }
+      return absl::OkStatus();
+    };
+  };
+  auto sums_of = [](const std::string& d, uint64_t first, uint64_t n) {
+    std::vector<uint64_t> out;
+    for (uint64_t i = first; i < first + n; ++i) {
+      out.push_back(
+          BlockChecksum(d.data() + i * kBlock, std::min<size_t>(kBlock, d.size() - i * kBlock)));
+    }
+    return out;
+  };
+  // Blocks 0-1, then 2-3, copied while the writer writes; a batch whose bytes do not match what
+  // was offered is refused and leaves nothing behind.
+  ASSERT_TRUE(store.Precopy(3, 9, kBlock, 0, sums_of(data, 0, 2), reader(data)).ok());
+  std::string garbage = data;
+  garbage[2 * kBlock + 1] ^= 1;
+  EXPECT_EQ(store.Precopy(3, 9, kBlock, 2, sums_of(data, 2, 2), reader(garbage)).code(),
+            absl::StatusCode::kDataLoss);
+  ASSERT_TRUE(store.Precopy(3, 9, kBlock, 2, sums_of(data, 2, 2), reader(data)).ok());
+  EXPECT_EQ(asked, (std::vector<uint64_t>{0, 1, 2, 3, 2, 3}));
+  EXPECT_FALSE(store.Open(3, 9).ok());  // not whole before its commit
+  // The writer then rewrote block 1: the commit's copy asks for it and the tail only.
+  data[kBlock + 3] ^= 0x55;
+  asked.clear();
+  auto whole = store.Fetch(3, 9, data.size(), kBlock, sums_of(data, 0, 5), reader(data));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(asked, (std::vector<uint64_t>{1, 4}));
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_TRUE(store.CheckBlock(**whole, 3, 9, i).ok()) << i;
+  EXPECT_EQ(store.Used(), data.size());
+
+  // A copy ahead no commit came for is dropped once stale and no file names it.
+  ASSERT_TRUE(store.Precopy(3, 11, kBlock, 0, sums_of(data, 0, 2), reader(data)).ok());
+  EXPECT_EQ(store.DropUnreferenced({{3, 9}, {3, 11}}, absl::Now() + absl::Minutes(1)), 0);
+  EXPECT_EQ(store.DropUnreferenced({{3, 9}}, absl::Now() - absl::Minutes(1)), 0);
+  EXPECT_EQ(store.DropUnreferenced({{3, 9}}, absl::Now() + absl::Minutes(1)), 1);
+  EXPECT_FALSE(std::filesystem::exists(store.PathOf(3, 11)));
+  EXPECT_EQ(store.Used(), data.size());
+}
+
 }  // namespace
 }  // namespace ember::cachefs

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -74,6 +75,28 @@ VolumeUploader::~VolumeUploader() {
 void VolumeUploader::Nudge() {
   absl::MutexLock lock(&mu_);
   nudged_ = true;
+}
+
+void VolumeUploader::Foreground(int delta) {
+  absl::MutexLock lock(&mu_);
+  busy_ += delta;
+}
+
+void VolumeUploader::Yield() {
+  // In slices: a writer that starts waiting for room (which uploads make) ends the pause.
+  for (;;) {
+    absl::MutexLock lock(&mu_);
+    if (busy_ <= 0 || stop_ || store_->Starved()) {
+      if (busy_ <= 0) yielding_since_ = absl::InfinitePast();
+      return;
+    }
+    const absl::Time now = absl::Now();
+    if (yielding_since_ == absl::InfinitePast()) yielding_since_ = now;
+    if (now >= yielding_since_ + kYieldAtMost) return;
+    auto quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || busy_ <= 0; };
+    mu_.AwaitWithDeadline(absl::Condition(&quiet),
+                          std::min(yielding_since_ + kYieldAtMost, now + absl::Milliseconds(200)));
+  }
 }
 
 void VolumeUploader::Loop() {
@@ -215,6 +238,7 @@ absl::Status VolumeUploader::Upload(const rpc::Volume& vol, const rpc::VolumeIno
   for (uint64_t i = 0; i * whole.block_size < whole.size; ++i) {
     const uint64_t off = i * whole.block_size;
     const size_t len = static_cast<size_t>(std::min(whole.block_size, whole.size - off));
+    Yield();
     if (!PreadFull(whole.fd, off, len, buf.get())) return Errno("cannot read", "volume copy");
     if (BlockChecksum(buf.get(), len) != whole.sums[i]) {
       // Never upload bytes that are not what was committed: drop the copy (CheckBlock).

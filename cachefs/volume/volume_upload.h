@@ -14,6 +14,10 @@
 //                   before uploads, and nothing is written over the path another file's copy is
 //                   at: a move onto it goes through a free name (.ember-moving-ID) first, an
 //                   upload waits for the next pass.
+// Write-back is background work: while this node has foreground work (a file open for writing,
+// a replica being copied for a commit), uploads pause between blocks, for at most kYieldAtMost
+// from when they began waiting (a file held open for hours does not stop write-back), and not
+// while a writer waits for volume space (which uploads make).
 // The origin's own directory must exist: a missing one (a shared file system not mounted) is
 // "origin unreachable", retried on the next pass, never created here. Not carried to the origin
 // (yet): unlinks, and contents a later commit replaced (the origin keeps the last upload).
@@ -27,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cachefs/volume/volume_store.h"
 #include "meta/meta_client.h"
 
@@ -40,11 +45,17 @@ class VolumeUploader {
 
   // A commit happened here: start a pass now.
   void Nudge() ABSL_LOCKS_EXCLUDED(mu_);
+  // Foreground work on this node began (+1) or ended (-1).
+  void Foreground(int delta) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kYieldAtMost = absl::Seconds(30);
+
   // One pass, on the caller's thread. Returns: how many files it uploaded or moved; meta's error.
   absl::StatusOr<int> Pass();
 
  private:
   void Loop();
+  // Waits while there is foreground work (see above).
+  void Yield() ABSL_LOCKS_EXCLUDED(mu_);
   // Copies whole contents `w` of `n` to ORIGIN/path (temp + rename, synced).
   absl::Status Upload(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& path);
   // Renames the origin's copy of `n` (at its persisted_path) to `to_rel`. Returns: Ok (also when
@@ -59,6 +70,8 @@ class VolumeUploader {
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time yielding_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread thread_;
 };
 
