@@ -46,6 +46,12 @@ start_node c 4 16GiB
 mibs() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.0f", b / 1048576 / s }'; }
 writers() {  # DIR...: RANKS dd writers of the source into each DIR/rankN.pt with fsync; seconds
   local t0 w=() d
+  # Every case from the same memory: this VM's host takes back guest pages untouched for a
+  # while, and the next write into new page-cache pages pays for each (3-4x the CPU per byte
+  # measured with perf); without this the first case (the ceiling) gets fresh pages and later
+  # ones pay. Dropped caches leave recently touched pages free for whichever case runs.
+  sync
+  drop_caches
   cat "$WORK/src" > /dev/null
   t0=$(now)
   for d in "$@"; do
