@@ -1,4 +1,6 @@
-// VolumeFs's copies of a file's contents from the nodes holding them (volume_fs.h).
+// VolumeFs's reads and its copies of a file's contents from the nodes holding them (volume_fs.h):
+// an open of contents this node lacks starts a copy in the background (StartCopy) and reads take
+// each block as soon as it is checked and written, so the copy and the reads overlap.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -6,8 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <future>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cachefs/volume/volume_file.h"
 #include "cachefs/volume/volume_fs.h"
 #include "common/file_io.h"
 #include "common/status.h"
@@ -37,13 +42,11 @@ absl::StatusOr<std::string> VolumeFs::PeerAddress(const std::string& node_id) {
   return absl::NotFoundError(absl::StrCat("node ", node_id, " is not registered"));
 }
 
-absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32_t vol,
-                                                                          const rpc::VolumeInode& n,
-                                                                          uint64_t block_size) {
-  if (auto have = store_->Open(vol, n.file_id()); have.ok()) return have;
+absl::StatusOr<VolumeFs::CopyPlan> VolumeFs::PlanCopy(uint32_t vol, const rpc::VolumeInode& n,
+                                                      uint64_t block_size) {
   if (block_size == 0) return ErrnoStatus(EIO, "no block size known for the volume");
+  CopyPlan plan;
   const uint64_t blocks = (n.size() + block_size - 1) / block_size;
-  std::vector<uint64_t> sums;
   for (uint64_t first = 0; first < blocks; first += kChecksumBatch) {
     rpc::GetChecksumsRequest req;
     for (uint64_t i = first; i < std::min<uint64_t>(blocks, first + kChecksumBatch); ++i) {
@@ -56,33 +59,43 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
         return ErrnoStatus(EIO, absl::StrCat("meta has no checksum of block ", first + i,
                                              " of contents ", n.file_id()));
       }
-      sums.push_back(got->checksums(i));
+      plan.sums.push_back(got->checksums(i));
     }
   }
-  std::vector<std::string> peers;
   for (const auto& h : n.holders()) {
     if (h == node_id_) continue;  // our copy is gone (dropped as corrupt): others only
-    if (auto addr = PeerAddress(h); addr.ok()) peers.push_back(*addr);
+    if (auto addr = PeerAddress(h); addr.ok()) plan.peers.push_back(*addr);
   }
-  absl::Status st = ErrnoStatus(
-      EIO, absl::StrCat("'", n.name(), "': no other node holding its contents is known"));
-  if (!peers.empty()) {
-    auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums,
-                               FromPeers(vol, n.file_id(), peers));
-    if (whole.ok()) return whole;
-    spdlog::warn("volume: contents of '{}' could not be copied from {}: {}", n.name(),
-                 peers.front(), std::string(whole.status().message()));
-    st = ErrnoStatus(EIO, std::string(whole.status().message()));
-  }
-  // No holder could give them: the origin's copy, if they were uploaded.
   std::string origin;
   for (const auto& v : Volumes()) {
     if (v.id() == vol) origin = v.origin();
   }
-  if (n.state() != rpc::VolumeInode::PERSISTED || n.persisted_path().empty() || origin.empty()) {
-    return st;
+  if (n.state() == rpc::VolumeInode::PERSISTED && !n.persisted_path().empty() && !origin.empty()) {
+    plan.origin_path = absl::StrCat(origin, "/", n.persisted_path());
   }
-  const std::string path = absl::StrCat(origin, "/", n.persisted_path());
+  if (plan.peers.empty() && plan.origin_path.empty()) {
+    return ErrnoStatus(
+        EIO, absl::StrCat("'", n.name(), "': no other node holding its contents is known"));
+  }
+  return plan;
+}
+
+absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
+    uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size, const CopyPlan& plan,
+    const std::function<void(uint64_t)>& written) {
+  absl::Status st = ErrnoStatus(
+      EIO, absl::StrCat("'", n.name(), "': no other node holding its contents is known"));
+  if (!plan.peers.empty()) {
+    auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums,
+                               FromPeers(vol, n.file_id(), plan.peers), false, written);
+    if (whole.ok()) return whole;
+    spdlog::warn("volume: contents of '{}' could not be copied from {}: {}", n.name(),
+                 plan.peers.front(), std::string(whole.status().message()));
+    st = ErrnoStatus(EIO, std::string(whole.status().message()));
+  }
+  // No holder could give them: the origin's copy, if they were uploaded.
+  if (plan.origin_path.empty()) return st;
+  const std::string& path = plan.origin_path;
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return ErrnoStatus(EIO, absl::StrCat(st.message(), "; and the origin's copy '", path,
@@ -97,7 +110,8 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
     }
     return absl::OkStatus();
   };
-  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, sums, read_origin);
+  auto whole =
+      store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums, read_origin, false, written);
   close(fd);
   if (!whole.ok()) {
     spdlog::warn("volume: contents of '{}' could not be read from the origin '{}': {}", n.name(),
@@ -105,6 +119,128 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
     return ErrnoStatus(EIO, std::string(whole.status().message()));
   }
   return whole;
+}
+
+absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32_t vol,
+                                                                          const rpc::VolumeInode& n,
+                                                                          uint64_t block_size) {
+  if (auto have = store_->Open(vol, n.file_id()); have.ok()) return have;
+  ASSIGN_OR_RETURN(CopyPlan plan, PlanCopy(vol, n, block_size));
+  return RunCopy(vol, n, block_size, plan, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<VolumeFs::Copy>> VolumeFs::StartCopy(uint32_t vol,
+                                                                    const rpc::VolumeInode& n,
+                                                                    uint64_t block_size) {
+  const std::pair<uint32_t, uint64_t> key{vol, n.file_id()};
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto c = copies_[key].lock()) return c;
+  }
+  ASSIGN_OR_RETURN(CopyPlan plan, PlanCopy(vol, n, block_size));
+  auto c = std::make_shared<Copy>();
+  {
+    absl::MutexLock lock(&c->mu);
+    c->have.assign(plan.sums.size(), false);
+  }
+  absl::MutexLock lock(&mu_);
+  if (auto running = copies_[key].lock()) return running;  // started meanwhile
+  copies_[key] = c;
+  std::erase_if(copying_, [](std::future<void>& f) {
+    return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  });
+  copying_.push_back(
+      std::async(std::launch::async, [this, c, vol, n, block_size, plan = std::move(plan), key] {
+        absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> whole =
+            RunCopy(vol, n, block_size, plan, [&c](uint64_t i) {
+              absl::MutexLock lock(&c->mu);
+              if (i < c->have.size()) c->have[i] = true;
+            });
+        {
+          absl::MutexLock lock(&c->mu);
+          c->done = true;
+          c->status = whole.status();
+          if (whole.ok()) c->whole = *whole;
+        }
+        absl::MutexLock lock(&mu_);
+        if (auto it = copies_.find(key); it != copies_.end() && it->second.lock() == c) {
+          copies_.erase(it);
+        }
+      }));
+  return c;
+}
+
+VolumeFs::~VolumeFs() {
+  std::vector<std::future<void>> running;
+  {
+    absl::MutexLock lock(&mu_);
+    running.swap(copying_);
+  }
+  for (auto& f : running) f.wait();
+}
+
+absl::StatusOr<ReadResult> VolumeFs::Read(uint64_t ino, FileSystem::FileHandle* handle,
+                                          uint64_t offset, size_t size, char* buf) {
+  std::unique_ptr<FileSystem::FileHandle> own;
+  if (handle == nullptr) {  // opened before a restart: open it again for this read
+    ASSIGN_OR_RETURN(own, Open(ino, O_RDONLY));
+    handle = own.get();
+  }
+  File* f = static_cast<File*>(handle);
+  absl::MutexLock lock(&f->mu_);
+  ReadResult out;
+  int fd = f->fd_;
+  uint64_t file_size = f->SizeLocked();
+  if (fd < 0 && f->whole_ == nullptr && f->copy_ != nullptr) {
+    // Being copied: wait for the blocks asked for (or the copy's end), read them from the
+    // copy's file (each was checked as it was written).
+    const uint64_t end = std::min<uint64_t>(offset + size, file_size);
+    if (offset >= end) return out;
+    const uint64_t first = offset / f->block_size_, last = (end - 1) / f->block_size_;
+    Copy& c = *f->copy_;
+    absl::MutexLock copy_lock(&c.mu);
+    auto ready = [&c, first, last]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c.mu) {
+      if (c.done) return true;
+      for (uint64_t b = first; b <= last; ++b) {
+        if (b >= c.have.size() || !c.have[b]) return false;
+      }
+      return true;
+    };
+    c.mu.Await(absl::Condition(&ready));
+    if (c.done && !c.status.ok()) return VolumeErrno(c.status);
+    if (c.done) {
+      f->whole_ = c.whole;
+      f->checked_.assign(f->whole_->sums.size(), f->whole_->verified);
+    } else {
+      if (f->copy_fd_ < 0) {
+        f->copy_fd_ =
+            open(store_->PathOf(f->at_.vol_id, f->whole_id_).c_str(), O_RDONLY | O_CLOEXEC);
+      }
+      if (f->copy_fd_ < 0) return ErrnoStatus(EIO, absl::StrCat("volume read: ", strerror(errno)));
+      fd = f->copy_fd_;
+    }
+  }
+  if (fd < 0 && f->whole_ != nullptr) {
+    fd = f->whole_->fd;
+    // Bytes on disk are not trusted: each block is checked once by this handle.
+    const uint64_t bs = f->whole_->block_size;
+    const uint64_t end = std::min<uint64_t>(offset + size, file_size);
+    for (uint64_t b = offset / bs; offset < end && b * bs < end; ++b) {
+      if (b < f->checked_.size() && !f->checked_[b]) {
+        RETURN_IF_ERROR(
+            VolumeErrno(store_->CheckBlock(*f->whole_, f->at_.vol_id, f->whole_id_, b)));
+        f->checked_[b] = true;
+      }
+    }
+  }
+  if (fd < 0 || offset >= file_size) return out;
+  const size_t len = static_cast<size_t>(std::min<uint64_t>(size, file_size - offset));
+  if (!PreadFull(fd, offset, len, buf)) {
+    return ErrnoStatus(EIO, absl::StrCat("volume read: ", strerror(errno)));
+  }
+  out.segments.push_back({buf, len});
+  out.total = len;
+  return out;
 }
 
 }  // namespace ember::cachefs

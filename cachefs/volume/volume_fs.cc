@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "cachefs/volume/volume_file.h"
 #include "common/file_io.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -22,73 +23,13 @@ namespace {
 
 constexpr int64_t kListEveryMs = 2000;
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
-// An open file of a volume. Read-only: the contents it opened (a later commit elsewhere is seen
-// by the next open). For writing: the staging file of the lease's contents id, committed by
-// Flush/Fsync; a write after a commit starts a new staging file from the committed contents.
-class VolumeFs::File final : public FileSystem::FileHandle {
- public:
-  File(VolumeFs* fs, Ref at, uint64_t fuse_ino, uint64_t block_size)
-      : fs_(fs), at_(std::move(at)), fuse_ino_(fuse_ino), block_size_(block_size) {}
-  ~File() override;
-  bool Volatile() const override { return true; }
-  bool Uncached() const override { return writable_; }
-
-  VolumeFs* const fs_;
-  const Ref at_;
-  const uint64_t fuse_ino_;
-  const uint64_t block_size_;
-  bool writable_ = false;
-
-  absl::Mutex mu_;
-  // Reading: the contents opened or last committed (null: empty).
-  std::shared_ptr<const VolumeStore::Whole> whole_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> checked_ ABSL_GUARDED_BY(mu_);  // per block of whole_
-  // Writing.
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // staging of writing_id_, or -1 (none yet)
-  void CloseStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    close(fd_);
-    fd_ = -1;
-  }
-  uint64_t writing_id_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t whole_id_ ABSL_GUARDED_BY(mu_) = 0;  // the contents id whole_ holds
-  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t renewed_ms_ ABSL_GUARDED_BY(mu_) = NowMs();  // the lease was taken or renewed
-  // Checksums of a staging file written from offset 0 straight on (a checkpoint's save): the
-  // blocks so far, so that its commit need not read it again. Any other write gives them up.
-  bool seq_ok_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t seq_end_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<uint64_t> seq_sums_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<BlockChecksummer> seq_block_ ABSL_GUARDED_BY(mu_);
-  Ahead ahead_ ABSL_GUARDED_BY(mu_);  // whole blocks of seq_sums_ copied ahead by replicas
-  void HashLocked(uint64_t offset, const char* data, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The checksums of every block when the staging file was written straight on, else null.
-  std::optional<std::vector<uint64_t>> KnownSumsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Renews the write lease when a third of it has passed (a long save outlives one lease).
-  absl::Status RenewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // The staging file, made from the committed contents when a write follows a commit.
-  absl::Status StageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t SizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SizeLocked() as of the last change through this handle, for a stat of the inode, which
-  // must not wait for this handle's lock (held through a commit's sync).
-  std::atomic<uint64_t> size_{0};
-  absl::Status CommitLocked(bool keep_lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A commit failed after its contents were sealed (and maybe copied): writes go on under a
-  // new contents id from meta, the staging file renamed to it.
-  bool rekey_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status RekeyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-};
-
 VolumeFs::File::~File() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (copy_fd_ >= 0) close(copy_fd_);
+  }
   if (!writable_) return;
   fs_->Forget(this);  // first: a stat of the inode no longer looks at this handle
   {
@@ -178,7 +119,8 @@ absl::Status VolumeFs::File::RenewLocked() {
 uint64_t VolumeFs::File::SizeLocked() {
   struct stat st;
   if (fd_ >= 0 && fstat(fd_, &st) == 0) return static_cast<uint64_t>(st.st_size);
-  return whole_ == nullptr ? 0 : whole_->size;
+  if (whole_ == nullptr) return copy_ != nullptr ? copy_size_ : 0;
+  return whole_->size;
 }
 
 absl::Status VolumeFs::File::RekeyLocked() {
@@ -409,48 +351,24 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> VolumeFs::Open(uint64_t 
   }
   auto f = std::make_unique<File>(this, at, ino, r.block_size());
   if (n.file_id() != 0) {
-    ASSIGN_OR_RETURN(auto whole, Local(at.vol_id, n, r.block_size()));
+    // Here already, or copied from a holder while the reader reads (each block as it lands).
+    absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> whole =
+        store_->Open(at.vol_id, n.file_id());
+    std::shared_ptr<Copy> copy;
+    if (!whole.ok()) {
+      ASSIGN_OR_RETURN(copy, StartCopy(at.vol_id, n, r.block_size()));
+    }
     absl::MutexLock lock(&f->mu_);
-    f->whole_ = std::move(whole);
     f->whole_id_ = n.file_id();
-    f->checked_.assign(f->whole_->sums.size(), f->whole_->verified);
-  }
-  return std::unique_ptr<FileSystem::FileHandle>(std::move(f));
-}
-
-absl::StatusOr<ReadResult> VolumeFs::Read(uint64_t ino, FileSystem::FileHandle* handle,
-                                          uint64_t offset, size_t size, char* buf) {
-  std::unique_ptr<FileSystem::FileHandle> own;
-  if (handle == nullptr) {  // opened before a restart: open it again for this read
-    ASSIGN_OR_RETURN(own, Open(ino, O_RDONLY));
-    handle = own.get();
-  }
-  File* f = static_cast<File*>(handle);
-  absl::MutexLock lock(&f->mu_);
-  ReadResult out;
-  int fd = f->fd_;
-  uint64_t file_size = f->SizeLocked();
-  if (fd < 0 && f->whole_ != nullptr) {
-    fd = f->whole_->fd;
-    // Bytes on disk are not trusted: each block is checked once by this handle.
-    const uint64_t bs = f->whole_->block_size;
-    const uint64_t end = std::min<uint64_t>(offset + size, file_size);
-    for (uint64_t b = offset / bs; offset < end && b * bs < end; ++b) {
-      if (b < f->checked_.size() && !f->checked_[b]) {
-        RETURN_IF_ERROR(
-            VolumeErrno(store_->CheckBlock(*f->whole_, f->at_.vol_id, f->whole_id_, b)));
-        f->checked_[b] = true;
-      }
+    if (copy != nullptr) {
+      f->copy_ = std::move(copy);
+      f->copy_size_ = n.size();
+    } else {
+      f->whole_ = std::move(*whole);
+      f->checked_.assign(f->whole_->sums.size(), f->whole_->verified);
     }
   }
-  if (fd < 0 || offset >= file_size) return out;
-  const size_t len = static_cast<size_t>(std::min<uint64_t>(size, file_size - offset));
-  if (!PreadFull(fd, offset, len, buf)) {
-    return ErrnoStatus(EIO, absl::StrCat("volume read: ", strerror(errno)));
-  }
-  out.segments.push_back({buf, len});
-  out.total = len;
-  return out;
+  return std::unique_ptr<FileSystem::FileHandle>(std::move(f));
 }
 
 absl::StatusOr<std::pair<Entry, std::unique_ptr<FileSystem::FileHandle>>> VolumeFs::Create(

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -68,6 +69,7 @@ class VolumeFs {
   // `uploader` (may be null): nudged after each commit.
   VolumeFs(meta::MetaClient* meta, VolumeStore* store, transport::BlockTransport* transport,
            std::string node_id, VolumeUploader* uploader = nullptr);
+  ~VolumeFs();  // waits for copies under way (StartCopy)
 
   // The volumes at the root, refreshed from meta at most every couple of seconds.
   std::vector<rpc::Volume> Volumes();
@@ -120,6 +122,32 @@ class VolumeFs {
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> Local(uint32_t vol,
                                                                   const rpc::VolumeInode& n,
                                                                   uint64_t block_size);
+  // Where a copy of `n`'s contents comes from: meta's checksums, the holders (not this node),
+  // the origin's copy when persisted. Returns: the plan; EIO when there is no source.
+  struct CopyPlan {
+    std::vector<uint64_t> sums;
+    std::vector<std::string> peers;  // addresses
+    std::string origin_path;         // "" when not persisted
+  };
+  absl::StatusOr<CopyPlan> PlanCopy(uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size);
+  // Copies by `plan`: from the holders, else the origin. `written(i)`: block i is checked and
+  // in the copy's file. Returns: the contents; EIO naming what failed.
+  absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> RunCopy(
+      uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size, const CopyPlan& plan,
+      const std::function<void(uint64_t)>& written);
+  // A copy for readers (an open of contents not here): runs in the background, and reads take
+  // each block as soon as it is in (volume_fetch.cc), so the copy and the reads overlap.
+  struct Copy {
+    absl::Mutex mu;
+    std::vector<bool> have ABSL_GUARDED_BY(mu);  // blocks checked and written
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);                              // once done
+    std::shared_ptr<const VolumeStore::Whole> whole ABSL_GUARDED_BY(mu);  // once done, Ok
+  };
+  // Starts the copy of `n`'s contents (or joins the one under way). Returns: it; PlanCopy's
+  // error (no source), at once.
+  absl::StatusOr<std::shared_ptr<Copy>> StartCopy(uint32_t vol, const rpc::VolumeInode& n,
+                                                  uint64_t block_size) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::string> PeerAddress(const std::string& node_id);
   // Reads blocks of contents `file_id` from `peers`, each piece from the first that has it.
   VolumeStore::BatchReader FromPeers(uint32_t vol, uint64_t file_id,
@@ -173,6 +201,8 @@ class VolumeFs {
   std::map<std::tuple<uint32_t, uint64_t, std::string>, uint64_t> names_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<uint32_t, uint64_t>, std::vector<rpc::VolumeInode>> listings_
       ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint32_t, uint64_t>, std::weak_ptr<Copy>> copies_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::future<void>> copying_ ABSL_GUARDED_BY(mu_);  // StartCopy's threads
   // Files this node has open for writing, by fuse inode: their size is the staging file's.
   std::multimap<uint64_t, File*> writers_ ABSL_GUARDED_BY(mu_);
 };

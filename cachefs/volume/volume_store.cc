@@ -220,7 +220,8 @@ namespace {
 absl::Status CopyIn(int fd, const std::string& path, uint64_t file_id,
                     const std::vector<uint64_t>& want, uint64_t block_size, uint64_t size,
                     const std::function<uint64_t(uint64_t)>& expect,
-                    const VolumeStore::BatchReader& read_blocks) {
+                    const VolumeStore::BatchReader& read_blocks,
+                    const std::function<void(uint64_t)>& written = nullptr) {
   using Piece = VolumeStore::Piece;
   const size_t batch = static_cast<size_t>(std::max<uint64_t>(1, kFetchBytes / block_size));
   std::unique_ptr<char[]> bufs[2] = {std::unique_ptr<char[]>(new char[batch * block_size]),
@@ -251,6 +252,8 @@ absl::Status CopyIn(int fd, const std::string& path, uint64_t file_id,
                                               " from a peer does not match its checksum"));
       } else if (!PwriteFull(fd, p.index * block_size, p.buf, p.len)) {
         st = Errno("cannot write", path);
+      } else if (written) {
+        written(p.index);
       }
     }
   }
@@ -273,7 +276,8 @@ std::shared_ptr<void> VolumeStore::CopyTurn(std::pair<uint32_t, uint64_t> key) {
 
 absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
-    const std::vector<uint64_t>& sums, const BatchReader& read_blocks, bool durable) {
+    const std::vector<uint64_t>& sums, const BatchReader& read_blocks, bool durable,
+    const std::function<void(uint64_t)>& written) {
   // One copy of a contents id at a time; copies of different ids run side by side.
   const std::pair<uint32_t, uint64_t> key{vol, file_id};
   std::shared_ptr<void> turn = CopyTurn(key);
@@ -327,7 +331,10 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
   for (uint64_t i = 0; i < blocks; ++i) {
     if (ahead) {
       auto it = ahead->sums.find(i);
-      if (it != ahead->sums.end() && it->second == sums[i]) continue;  // here already
+      if (it != ahead->sums.end() && it->second == sums[i]) {  // here already
+        if (written) written(i);
+        continue;
+      }
     }
     want.push_back(i);
   }

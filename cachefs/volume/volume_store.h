@@ -70,19 +70,19 @@ class VolumeStore {
   // (len bytes into buf), a batch at a time; each block must match `sums`. Copies of one id are
   // serialized (the second finds the first's), of different ids run at once. `durable`: a
   // replica a writer's commit counts on: bytes, `.sums` and directory synced before it returns
-  // (also when the contents were already here). Returns: the contents; the reader's error, or
-  // DataLoss for bytes that did not match.
+  // (also when the contents were already here). `written(i)` (may be empty): block i is checked
+  // and in the copy's file (PathOf), for readers that read it before the copy is whole.
+  // Returns: the contents; the reader's error, or DataLoss for bytes that did not match.
   struct Piece {
     uint64_t index = 0;
     char* buf = nullptr;
     size_t len = 0;
   };
   using BatchReader = std::function<absl::Status(std::vector<Piece>& pieces)>;
-  absl::StatusOr<std::shared_ptr<const Whole>> Fetch(uint32_t vol, uint64_t file_id, uint64_t size,
-                                                     uint64_t block_size,
-                                                     const std::vector<uint64_t>& sums,
-                                                     const BatchReader& read_blocks,
-                                                     bool durable = false);
+  absl::StatusOr<std::shared_ptr<const Whole>> Fetch(
+      uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
+      const std::vector<uint64_t>& sums, const BatchReader& read_blocks, bool durable = false,
+      const std::function<void(uint64_t)>& written = nullptr);
 
   // ---- copies made ahead of a commit (volume_replicas.cc's writers send them) ----
   // Offers blocks 0 .. sums.size() - 1 of a writer's staging file (`fd`, still being written,
