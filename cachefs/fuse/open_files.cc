@@ -90,7 +90,9 @@ void OpenFiles::Adopt(uint64_t ino, std::unique_ptr<FileSystem::FileHandle> hand
   o.ino = ino;
   o.handle = std::move(handle);
   // No FOPEN_KEEP_CACHE: contents may have changed since the last open.
-  out->open_flags = o.handle != nullptr && o.handle->Uncached() ? FOPEN_DIRECT_IO : 0;
+  // Uncached (a volume file open for writing) only where a shared mmap of it still works.
+  out->open_flags =
+      o.handle != nullptr && o.handle->Uncached() && direct_io_mmap_ ? FOPEN_DIRECT_IO : 0;
   out->backing_id = 0;
   out->fh = next_fh_++;
   opens_[out->fh] = std::move(o);

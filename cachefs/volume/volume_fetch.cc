@@ -82,7 +82,7 @@ absl::StatusOr<VolumeFs::CopyPlan> VolumeFs::PlanCopy(uint32_t vol, const rpc::V
 
 absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
     uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size, const CopyPlan& plan,
-    const std::function<void(uint64_t)>& written) {
+    const std::function<void(uint64_t)>& written, const std::function<void()>& restart) {
   absl::Status st = ErrnoStatus(
       EIO, absl::StrCat("'", n.name(), "': no other node holding its contents is known"));
   if (!plan.peers.empty()) {
@@ -95,6 +95,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
   }
   // No holder could give them: the origin's copy, if they were uploaded.
   if (plan.origin_path.empty()) return st;
+  if (!plan.peers.empty() && restart) restart();  // the holders' attempt's file was dropped
   const std::string& path = plan.origin_path;
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -126,7 +127,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
                                                                           uint64_t block_size) {
   if (auto have = store_->Open(vol, n.file_id()); have.ok()) return have;
   ASSIGN_OR_RETURN(CopyPlan plan, PlanCopy(vol, n, block_size));
-  return RunCopy(vol, n, block_size, plan, nullptr);
+  return RunCopy(vol, n, block_size, plan, nullptr, nullptr);
 }
 
 absl::StatusOr<std::shared_ptr<VolumeFs::Copy>> VolumeFs::StartCopy(uint32_t vol,
@@ -135,7 +136,9 @@ absl::StatusOr<std::shared_ptr<VolumeFs::Copy>> VolumeFs::StartCopy(uint32_t vol
   const std::pair<uint32_t, uint64_t> key{vol, n.file_id()};
   {
     absl::MutexLock lock(&mu_);
-    if (auto c = copies_[key].lock()) return c;
+    if (auto it = copies_.find(key); it != copies_.end()) {
+      if (auto c = it->second.lock()) return c;
+    }
   }
   ASSIGN_OR_RETURN(CopyPlan plan, PlanCopy(vol, n, block_size));
   auto c = std::make_shared<Copy>();
@@ -151,10 +154,16 @@ absl::StatusOr<std::shared_ptr<VolumeFs::Copy>> VolumeFs::StartCopy(uint32_t vol
   });
   copying_.push_back(
       std::async(std::launch::async, [this, c, vol, n, block_size, plan = std::move(plan), key] {
-        absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> whole =
-            RunCopy(vol, n, block_size, plan, [&c](uint64_t i) {
+        absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> whole = RunCopy(
+            vol, n, block_size, plan,
+            [&c](uint64_t i) {
               absl::MutexLock lock(&c->mu);
               if (i < c->have.size()) c->have[i] = true;
+            },
+            [&c] {
+              absl::MutexLock lock(&c->mu);
+              c->have.assign(c->have.size(), false);
+              c->attempt++;
             });
         {
           absl::MutexLock lock(&c->mu);
@@ -212,6 +221,11 @@ absl::StatusOr<ReadResult> VolumeFs::Read(uint64_t ino, FileSystem::FileHandle* 
       f->whole_ = c.whole;
       f->checked_.assign(f->whole_->sums.size(), f->whole_->verified);
     } else {
+      if (f->copy_fd_ >= 0 && f->copy_attempt_ != c.attempt) {  // the file was made anew
+        close(f->copy_fd_);
+        f->copy_fd_ = -1;
+      }
+      f->copy_attempt_ = c.attempt;
       if (f->copy_fd_ < 0) {
         f->copy_fd_ =
             open(store_->PathOf(f->at_.vol_id, f->whole_id_).c_str(), O_RDONLY | O_CLOEXEC);

@@ -48,7 +48,8 @@ class VolumeFs::File final : public FileSystem::FileHandle {
   // Contents being copied from a holder at the open (whole_ is set once the copy is whole).
   std::shared_ptr<Copy> copy_ ABSL_GUARDED_BY(mu_);
   uint64_t copy_size_ ABSL_GUARDED_BY(mu_) = 0;
-  int copy_fd_ ABSL_GUARDED_BY(mu_) = -1;  // the copy's file, for blocks already in it
+  int copy_fd_ ABSL_GUARDED_BY(mu_) = -1;           // the copy's file, for blocks already in it
+  uint64_t copy_attempt_ ABSL_GUARDED_BY(mu_) = 0;  // Copy::attempt copy_fd_ was opened at
   // Writing.
   int fd_ ABSL_GUARDED_BY(mu_) = -1;  // staging of writing_id_, or -1 (none yet)
   void CloseStagingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -131,15 +131,17 @@ class VolumeFs {
   };
   absl::StatusOr<CopyPlan> PlanCopy(uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size);
   // Copies by `plan`: from the holders, else the origin. `written(i)`: block i is checked and
-  // in the copy's file. Returns: the contents; EIO naming what failed.
+  // in the copy's file; `restart()`: the copy starts over (a new file: what `written` said
+  // before no longer holds). Returns: the contents; EIO naming what failed.
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> RunCopy(
       uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size, const CopyPlan& plan,
-      const std::function<void(uint64_t)>& written);
+      const std::function<void(uint64_t)>& written, const std::function<void()>& restart);
   // A copy for readers (an open of contents not here): runs in the background, and reads take
   // each block as soon as it is in (volume_fetch.cc), so the copy and the reads overlap.
   struct Copy {
     absl::Mutex mu;
     std::vector<bool> have ABSL_GUARDED_BY(mu);  // blocks checked and written
+    uint64_t attempt ABSL_GUARDED_BY(mu) = 0;    // the copy's file was made anew this often
     bool done ABSL_GUARDED_BY(mu) = false;
     absl::Status status ABSL_GUARDED_BY(mu);                              // once done
     std::shared_ptr<const VolumeStore::Whole> whole ABSL_GUARDED_BY(mu);  // once done, Ok

@@ -33,6 +33,8 @@ std::string Label(const rpc::Node& n, const std::string& key) {
 
 // How long a peer may take to copy `size` bytes: generous (the disk is shared with the writer),
 // but bounded so that a stuck peer fails the commit instead of hanging the close.
+constexpr uint64_t kAheadMost = 4096;  // blocks in one VolumePrecopy call
+
 std::chrono::milliseconds CopyTimeout(uint64_t size) {
   return std::chrono::milliseconds(30'000 + size / (20 << 10));  // 30 s + 20 MB/s
 }
@@ -126,16 +128,17 @@ void VolumeFs::SendAhead(const Ref& at, uint64_t file_id, int fd, uint64_t block
     }
   }
   store_->Offer(at.vol_id, file_id, fd, block_size, sums);
+  const uint64_t upto = std::min<uint64_t>(sums.size(), a->offered + kAheadMost);
   rpc::NodeCall call;
   auto* p = call.mutable_precopy();
   p->set_volume(at.vol_id);
   p->set_file_id(file_id);
   p->set_block_size(block_size);
   p->set_first(a->offered);
-  for (uint64_t i = a->offered; i < sums.size(); ++i) p->add_checksums(sums[i]);
+  for (uint64_t i = a->offered; i < upto; ++i) p->add_checksums(sums[i]);
   p->set_source(a->source);
-  const uint64_t bytes = (sums.size() - a->offered) * block_size;
-  a->offered = sums.size();
+  const uint64_t bytes = (upto - a->offered) * block_size;
+  a->offered = upto;
   a->sending = std::async(std::launch::async, [this, peers = a->peers, volume = at.volume,
                                                request = call.SerializeAsString(), bytes] {
     for (const auto& peer : peers) {  // a copy ahead that fails is taken by the commit's copy
@@ -221,7 +224,7 @@ absl::StatusOr<std::string> VolumeFs::ServeCall(std::string_view request) {
   };
   if (call.has_precopy()) {
     const rpc::VolumePrecopy& p = call.precopy();
-    if (!known(p.volume(), p.block_size()) || p.checksums_size() > 4096) {
+    if (!known(p.volume(), p.block_size()) || p.checksums_size() > static_cast<int>(kAheadMost)) {
       reply.set_error(absl::StrCat("node ", node_id_, ": a copy ahead of an unknown volume, ",
                                    "another block size, or too many blocks at once"));
       return reply.SerializeAsString();

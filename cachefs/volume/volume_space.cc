@@ -112,7 +112,8 @@ bool VolumeStore::Starved() {
 }
 
 int VolumeStore::DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>& live,
-                                  absl::Time sealed_before) {
+                                  absl::Time sealed_before,
+                                  const std::set<std::pair<uint32_t, uint64_t>>& writing) {
   const int64_t before = absl::ToUnixSeconds(sealed_before);
   std::vector<std::pair<uint32_t, uint64_t>> drop;
   std::error_code ec;
@@ -131,12 +132,14 @@ int VolumeStore::DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>&
     }
   }
   for (const auto& [vol, id] : drop) Drop(vol, id);
-  // Copies made ahead of a commit that never came (the writer died, or its commit failed).
+  // Copies made ahead of a commit that never came here (the writer died, its commit failed, or
+  // it chose another node): a commit's copy takes its copy ahead at once, so one still here
+  // and not being written is of no use.
   std::vector<std::pair<uint32_t, uint64_t>> stale;
   auto stale_locked =
       [&](const std::pair<uint32_t, uint64_t>& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu_) {
         auto it = ahead_.find(key);
-        return it != ahead_.end() && live.count(key) == 0 && it->second.touched < sealed_before;
+        return it != ahead_.end() && writing.count(key) == 0 && it->second.touched < sealed_before;
       };
   {
     absl::MutexLock lock(&fetch_mu_);

@@ -322,7 +322,13 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     }
     if (ahead->end > size) Unreserve(ahead->end - size);
   } else {
-    if (ahead) Drop(vol, file_id);  // copied ahead with another block size: of no use
+    if (ahead) {  // copied ahead with another block size: of no use (Drop frees its room)
+      {
+        absl::MutexLock lock(&fetch_mu_);
+        ahead_[key] = std::move(*ahead);
+      }
+      Drop(vol, file_id);
+    }
     ahead.reset();
     RETURN_IF_ERROR(Reserve(size));
     ASSIGN_OR_RETURN(fd, CreateStaging(vol, file_id));
@@ -340,7 +346,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
   }
   absl::Status st = CopyIn(
       fd, path, file_id, want, block_size, size, [&sums](uint64_t i) { return sums[i]; },
-      read_blocks);
+      read_blocks, written);
   if (st.ok() && durable && fdatasync(fd) != 0) st = Errno("cannot sync", path);
   close(fd);
   // A copy for reading is not synced: its reads check every block against `sums` (a copy torn
@@ -375,7 +381,13 @@ absl::Status VolumeStore::Precopy(uint32_t vol, uint64_t file_id, uint64_t block
     }
   }
   if (ahead.block_size != block_size) {
-    if (ahead.block_size != 0) Drop(vol, file_id);
+    if (ahead.block_size != 0) {  // of another block size: of no use (Drop frees its room)
+      {
+        absl::MutexLock lock(&fetch_mu_);
+        ahead_[key] = std::move(ahead);
+      }
+      Drop(vol, file_id);
+    }
     ahead = Ahead{block_size, {}, 0, absl::Now()};
   }
   std::error_code ec;
@@ -444,17 +456,22 @@ absl::Status VolumeStore::Rekey(uint32_t vol, uint64_t from, uint64_t to) {
 void VolumeStore::Drop(uint32_t vol, uint64_t file_id) {
   ForgetServing(vol, file_id);
   Withdraw(vol, file_id);
+  uint64_t ahead_end = 0;  // a copy ahead holds room up to here, written or not
   {
     absl::MutexLock lock(&fetch_mu_);
-    ahead_.erase({vol, file_id});
+    if (auto it = ahead_.find({vol, file_id}); it != ahead_.end()) {
+      ahead_end = it->second.end;
+      ahead_.erase(it);
+    }
   }
   const std::string path = PathOf(vol, file_id);
   struct stat st;
   const uint64_t size = stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
   unlink((path + ".sums").c_str());
-  if (unlink(path.c_str()) == 0) {
+  const bool gone = unlink(path.c_str()) == 0;
+  if (gone || ahead_end > 0) {
     absl::MutexLock lock(&space_mu_);
-    used_ -= std::min(used_, size);
+    used_ -= std::min(used_, std::max(gone ? size : 0, ahead_end));
     evictable_.erase({vol, file_id});
     room_.SignalAll();
   }

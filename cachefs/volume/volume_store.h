@@ -143,8 +143,12 @@ class VolumeStore {
   // files name, committed or being written, as read after `sealed_before`) and sealed before
   // `sealed_before` (contents sealed since, e.g. a replica made for a commit in progress, are
   // not in `live` yet). Returns: how many were dropped.
+  // Copies made ahead (Precopy) untouched since `sealed_before` are dropped unless their id
+  // is in `writing` (contents ids being written now).
   int DropUnreferenced(const std::set<std::pair<uint32_t, uint64_t>>& live,
-                       absl::Time sealed_before) ABSL_LOCKS_EXCLUDED(space_mu_);
+                       absl::Time sealed_before,
+                       const std::set<std::pair<uint32_t, uint64_t>>& writing = {})
+      ABSL_LOCKS_EXCLUDED(space_mu_);
 
  private:
   // Drops the oldest evictable contents until `bytes` more fit. REQUIRES space_mu_.

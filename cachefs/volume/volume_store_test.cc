@@ -201,10 +201,19 @@ TEST(VolumeStoreTest, BlocksCopiedAheadAreNotAskedForAgainUnlessTheCommitNamesOt
 
   // A copy ahead no commit came for is dropped once stale and no file names it.
   ASSERT_TRUE(store.Precopy(3, 11, kBlock, 0, sums_of(data, 0, 2), reader(data)).ok());
-  EXPECT_EQ(store.DropUnreferenced({{3, 9}, {3, 11}}, absl::Now() + absl::Minutes(1)), 0);
-  EXPECT_EQ(store.DropUnreferenced({{3, 9}}, absl::Now() - absl::Minutes(1)), 0);
-  EXPECT_EQ(store.DropUnreferenced({{3, 9}}, absl::Now() + absl::Minutes(1)), 1);
+  EXPECT_EQ(store.DropUnreferenced({{3, 9}, {3, 11}}, absl::Now() + absl::Minutes(1), {{3, 11}}),
+            0);  // still being written
+  EXPECT_EQ(store.DropUnreferenced({{3, 9}}, absl::Now() - absl::Minutes(1)), 0);  // fresh
+  // Named by a committed file but not taken by its commit (another node was): of no use.
+  EXPECT_EQ(store.DropUnreferenced({{3, 9}, {3, 11}}, absl::Now() + absl::Minutes(1)), 1);
   EXPECT_FALSE(std::filesystem::exists(store.PathOf(3, 11)));
+  EXPECT_EQ(store.Used(), data.size());
+  // A copy ahead whose reader failed holds room for blocks it never wrote: dropping it gives
+  // all of it back.
+  auto failing = [](std::vector<VolumeStore::Piece>&) { return absl::UnavailableError("gone"); };
+  EXPECT_FALSE(store.Precopy(3, 13, kBlock, 0, sums_of(data, 0, 4), failing).ok());
+  EXPECT_EQ(store.Used(), data.size() + 4 * kBlock);
+  EXPECT_EQ(store.DropUnreferenced({{3, 9}}, absl::Now() + absl::Minutes(1)), 1);
   EXPECT_EQ(store.Used(), data.size());
 }
 

@@ -126,7 +126,7 @@ absl::StatusOr<int> VolumeUploader::Pass() {
   const absl::Time sealed_before = absl::Now() - absl::Minutes(2);
   int done = 0;
   bool complete = true;  // every volume's files known: contents nobody names may be dropped
-  std::set<std::pair<uint32_t, uint64_t>> live, evictable;
+  std::set<std::pair<uint32_t, uint64_t>> live, evictable, writing;
   for (const auto& vol : volumes) {
     absl::StatusOr<rpc::VolumeStatusResponse> st = meta_->VolumeStatus(vol.name());
     if (!st.ok()) {  // removed meanwhile, or meta away: the next pass
@@ -141,7 +141,10 @@ absl::StatusOr<int> VolumeUploader::Pass() {
     }
     std::vector<const rpc::VolumeInode*> mine;
     for (const rpc::VolumeInode& f : st->files()) {
-      if (f.writing_file_id() != 0) live.insert({vol.id(), f.writing_file_id()});
+      if (f.writing_file_id() != 0) {
+        live.insert({vol.id(), f.writing_file_id()});
+        writing.insert({vol.id(), f.writing_file_id()});
+      }
       if (f.file_id() == 0) continue;
       live.insert({vol.id(), f.file_id()});
       if (f.state() == rpc::VolumeInode::PERSISTED) evictable.insert({vol.id(), f.file_id()});
@@ -197,7 +200,7 @@ absl::StatusOr<int> VolumeUploader::Pass() {
   }
   store_->SetEvictable(std::move(evictable));
   // Contents replaced, unlinked or of removed volumes.
-  if (complete) store_->DropUnreferenced(live, sealed_before);
+  if (complete) store_->DropUnreferenced(live, sealed_before, writing);
   return done;
 }
 
