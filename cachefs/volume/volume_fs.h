@@ -15,7 +15,8 @@
 //   open elsewhere     asks meta for the inode (entries and attributes are never cached by the
 //                      kernel: timeouts 0) and, when this node lacks the contents, copies them
 //                      from a holder over the block transport, every block checked against the
-//                      checksums meta recorded at the commit.
+//                      checksums meta recorded at the commit, in the background: reads take
+//                      each block as soon as it is in (volume_fetch.cc).
 //   replicas           before the commit, `--replicas - 1` other nodes copy the sealed contents
 //                      from the writer and sync them (volume_replicas.cc); the commit names them
 //                      all, or fails with EIO when too few could (nothing is committed then).
