@@ -397,6 +397,7 @@ TEST_F(PrefetchTest, ADeadOwnersWholeShareGoesToTheOriginOnceItsGraceIsOver) {
   nodes_[2]->Kill(SIGSTOP);
   auto r = Ember({"prefetch", "tiny", "--mode", "full", "--all", "--detach"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int gave_up = 0;  // survivors that gave up on the silent owner
   for (int i = 0; i < 2; i++) {
     std::string line;
     ASSERT_TRUE(testing::WaitFor(
@@ -410,14 +411,17 @@ TEST_F(PrefetchTest, ADeadOwnersWholeShareGoesToTheOriginOnceItsGraceIsOver) {
         std::chrono::seconds(90)))
         << nodes_[i]->Log();
     // "...; gave up on K silent owners in P polls": the dead owner's share moved on in one go
-    // or two, not 16 blocks a poll (62 polls for its ~1,000 blocks).
+    // or two, not 16 blocks a poll (62 polls for its ~1,000 blocks). A survivor may not need
+    // to: when the other read the share from the origin first, it took the blocks from it.
     const size_t on = line.find("gave up on ");
     ASSERT_NE(on, std::string::npos) << line;
-    EXPECT_GE(std::stoi(line.substr(on + 11)), 1) << line;
+    const int gave = std::stoi(line.substr(on + 11));
+    gave_up += gave > 0;
     const size_t in = line.find(" silent owners in ");
     ASSERT_NE(in, std::string::npos) << line;
-    EXPECT_LE(std::stoi(line.substr(in + 18)), 3) << line;
+    if (gave > 0) EXPECT_LE(std::stoi(line.substr(in + 18)), 3) << line;
   }
+  EXPECT_GE(gave_up, 1);
   nodes_[2]->Kill(SIGCONT);
   // The survivors hold every file.
   json l = SettledLocality("tiny");
