@@ -263,6 +263,22 @@ absl::Status CopyIn(int fd, const std::string& path, uint64_t file_id,
 
 }  // namespace
 
+std::optional<VolumeStore::Ahead> VolumeStore::TakeAhead(std::pair<uint32_t, uint64_t> key,
+                                                         uint64_t block_size) {
+  {
+    absl::MutexLock lock(&fetch_mu_);
+    auto it = ahead_.find(key);
+    if (it == ahead_.end()) return std::nullopt;
+    if (it->second.block_size == block_size) {
+      Ahead ahead = std::move(it->second);
+      ahead_.erase(it);
+      return ahead;
+    }
+  }
+  Drop(key.first, key.second);  // of another block size: of no use (Drop frees its room)
+  return std::nullopt;
+}
+
 std::shared_ptr<void> VolumeStore::CopyTurn(std::pair<uint32_t, uint64_t> key) {
   absl::MutexLock lock(&fetch_mu_);
   while (fetching_.count(key) > 0) fetched_.Wait(&fetch_mu_);
@@ -295,17 +311,10 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     return absl::InternalError(absl::StrCat("contents ", file_id, " of ", size, " bytes need ",
                                             blocks, " checksums, have ", sums.size()));
   }
-  std::optional<Ahead> ahead;  // blocks copied ahead of this commit (Precopy)
-  {
-    absl::MutexLock lock(&fetch_mu_);
-    if (auto it = ahead_.find(key); it != ahead_.end()) {
-      ahead = std::move(it->second);
-      ahead_.erase(it);
-    }
-  }
+  std::optional<Ahead> ahead = TakeAhead(key, block_size);  // copied ahead of this commit
   const std::string path = PathOf(vol, file_id);
   int fd = -1;
-  if (ahead && ahead->block_size == block_size) {
+  if (ahead) {
     if (size > ahead->end) {
       if (absl::Status room = Reserve(size - ahead->end); !room.ok()) {
         Drop(vol, file_id);
@@ -322,14 +331,6 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     }
     if (ahead->end > size) Unreserve(ahead->end - size);
   } else {
-    if (ahead) {  // copied ahead with another block size: of no use (Drop frees its room)
-      {
-        absl::MutexLock lock(&fetch_mu_);
-        ahead_[key] = std::move(*ahead);
-      }
-      Drop(vol, file_id);
-    }
-    ahead.reset();
     RETURN_IF_ERROR(Reserve(size));
     ASSIGN_OR_RETURN(fd, CreateStaging(vol, file_id));
   }
@@ -372,24 +373,7 @@ absl::Status VolumeStore::Precopy(uint32_t vol, uint64_t file_id, uint64_t block
   const std::string path = PathOf(vol, file_id);
   struct stat st;
   if (stat((path + ".sums").c_str(), &st) == 0) return absl::OkStatus();  // whole already
-  Ahead ahead;
-  {
-    absl::MutexLock lock(&fetch_mu_);
-    if (auto it = ahead_.find(key); it != ahead_.end()) {
-      ahead = std::move(it->second);
-      ahead_.erase(it);
-    }
-  }
-  if (ahead.block_size != block_size) {
-    if (ahead.block_size != 0) {  // of another block size: of no use (Drop frees its room)
-      {
-        absl::MutexLock lock(&fetch_mu_);
-        ahead_[key] = std::move(ahead);
-      }
-      Drop(vol, file_id);
-    }
-    ahead = Ahead{block_size, {}, 0, absl::Now()};
-  }
+  Ahead ahead = TakeAhead(key, block_size).value_or(Ahead{block_size, {}, 0, absl::Now()});
   std::error_code ec;
   std::filesystem::create_directories(absl::StrCat(dir_, "/", vol), ec);
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);

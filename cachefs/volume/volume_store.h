@@ -190,6 +190,10 @@ class VolumeStore {
     absl::Time touched;
   };
   std::map<std::pair<uint32_t, uint64_t>, Ahead> ahead_ ABSL_GUARDED_BY(fetch_mu_);
+  // Takes `key`'s copy ahead out of ahead_ (the caller holds its CopyTurn); one of another
+  // block size is dropped instead. Returns: it, or nullopt.
+  std::optional<Ahead> TakeAhead(std::pair<uint32_t, uint64_t> key, uint64_t block_size)
+      ABSL_LOCKS_EXCLUDED(fetch_mu_);
 };
 
 }  // namespace ember::cachefs
