@@ -16,7 +16,9 @@
 #   restore   node b (empty cache), page cache dropped on the machine: RANKS readers read every
 #             shard at once (copied from node a over the peer transport, each block checked);
 #   ceilings  raw TCP over loopback (peer_bench), the shards read from this disk with the page
-#             cache dropped (RANKS readers), RANKS O_DIRECT writers of the same bytes.
+#             cache dropped (RANKS readers), RANKS O_DIRECT writers of the same bytes, and the
+#             least work a restore does with no Ember (restore_floor: RANKS shards sent from disk
+#             over TCP, each block checked, stored and read back).
 # Writes a markdown table to stdout and one JSON object per figure to $BUILD/bench/ckpt.json.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
@@ -112,6 +114,7 @@ SAVE2=$(secs "$t0" "$(now)")
 uploaded ckpt2
 say "restore on node b (page cache dropped)"
 drop_caches
+"$B/restore_floor" --touch $((3 * BYTES >> 20))  # as each of restore_floor's passes starts
 RESTORE=$(readers "$WORK/b/mnt/ckpt/step")
 for i in $(seq 0 $((RANKS - 1))); do
   cmp -s "$WORK/src" "$WORK/b/mnt/ckpt/step/rank$i.pt" || { say "rank$i restored wrong"; exit 1; }
@@ -130,6 +133,12 @@ DIRECT=$(secs "$t0" "$(now)")
 TCP=$("$B/peer_bench" "$WORK/src" 1 1 2>/dev/null |
   awk -F'|' '/raw TCP/ { sub(/.*: /, "", $4); print $4 + 0; exit }')
 rm -f "$WORK"/local/direct*
+# The least work a restore does, with no Ember: each shard sent from disk over loopback TCP,
+# received, checked, stored and read back, RANKS streams at once (restore_floor.cc).
+FLOOR=$("$B/restore_floor" "$WORK/local" "$WORK"/local/rank*.pt)
+FLOOR_TCP=$(awk '$1 == "tcp" { print $2 }' <<< "$FLOOR")
+FLOOR_STORE=$(awk '$1 == "store" { print $2 }' <<< "$FLOOR")
+FLOOR_READ=$(awk '$1 == "read" { print $2 }' <<< "$FLOOR")
 
 CEIL_RESTORE=$(awk -v t="$TCP" -v d="$(mibs $BYTES "$DISK_READ")" 'BEGIN { print (t < d ? t : d) }')
 row() {  # KEY LABEL VALUE CEILING-LABEL CEILING
@@ -152,5 +161,7 @@ row save-direct "save against O_DIRECT writers" "$(mibs $BYTES "$SAVE")" \
   "$RANKS O_DIRECT writers" "$(mibs $BYTES "$DIRECT")"
 row restore "restore on a fresh node, $RANKS readers" "$(mibs $BYTES "$RESTORE")" \
   "min(raw TCP, disk read)" "$CEIL_RESTORE"
+row restore-floor "restore, against the same work with no Ember" "$(mibs $BYTES "$RESTORE")" \
+  "TCP from disk, check, store, read back" "$FLOOR_READ"
 echo
-echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s (twice at once: $(mibs $BYTES "$LOCAL2") MiB/s of each copy), O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s, raw TCP $TCP MiB/s; Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s."
+echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s (twice at once: $(mibs $BYTES "$LOCAL2") MiB/s of each copy), O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s, raw TCP $TCP MiB/s (from disk, $RANKS streams: $FLOOR_TCP; with each block checked and stored: $FLOOR_STORE); Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s."

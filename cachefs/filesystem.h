@@ -110,9 +110,10 @@ class FileSystem {
     // A file whose contents may change (a volume's): opened without the kernel's page cache kept
     // from before, never through passthrough, and with a FLUSH at close.
     virtual bool Volatile() const { return false; }
-    // A volatile file opened for writing: its reads and writes go past the mount's page cache
-    // (FOPEN_DIRECT_IO): a save's bytes are not copied into pages the kernel keeps for the
-    // mount's inode (one copy less, and no page cache filled with what the node stores anyway).
+    // A volatile file opened for writing, or for reading while its contents are copied to this
+    // node: its reads and writes go past the mount's page cache (FOPEN_DIRECT_IO): a save's or a
+    // restore's bytes are not copied into pages the kernel keeps for the mount's inode (one copy
+    // less, and no page cache filled with what the node stores anyway).
     virtual bool Uncached() const { return false; }
   };
   // Opens a file for reading. Returns: its handle; EROFS for write access, EISDIR, EINVAL (not

@@ -195,6 +195,15 @@ TEST_F(VolumeTest, ACheckpointSavedOnOneNodeIsReadWholeOnAnotherAfterItsRename) 
   // A new save replaces the file: the next open on the other node sees the new bytes.
   const std::string r0b = Random(2 * kMiB + 5, 3);
   ASSERT_EQ(Save(A("run7/step_1000/rank0.pt"), r0b), 0);
+  // Its first open on the other node starts the copy there and reads past the mount's page
+  // cache (FOPEN_DIRECT_IO): a shared mapping of it still reads the new bytes.
+  int fd = open(B("run7/step_1000/rank0.pt").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  void* m = mmap(nullptr, r0b.size(), PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(m, MAP_FAILED) << strerror(errno);
+  EXPECT_TRUE(std::string(static_cast<const char*>(m), r0b.size()) == r0b);
+  munmap(m, r0b.size());
+  close(fd);
   EXPECT_TRUE(Load(B("run7/step_1000/rank0.pt")) == r0b);
 }
 

@@ -33,13 +33,16 @@ class VolumeFs::File final : public FileSystem::FileHandle {
       : fs_(fs), at_(std::move(at)), fuse_ino_(fuse_ino), block_size_(block_size) {}
   ~File() override;
   bool Volatile() const override { return true; }
-  bool Uncached() const override { return writable_; }
+  // Writers, and readers of contents being copied here as they read (their bytes are in the
+  // copy's file already: a page cache of the mount's inode would be a second copy of them).
+  bool Uncached() const override { return writable_ || copying_; }
 
   VolumeFs* const fs_;
   const Ref at_;
   const uint64_t fuse_ino_;
   const uint64_t block_size_;
   bool writable_ = false;
+  bool copying_ = false;  // opened for reading while its contents are copied here
 
   absl::Mutex mu_;
   // Reading: the contents opened or last committed (null: empty, or still being copied).

@@ -357,6 +357,7 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> VolumeFs::Open(uint64_t 
     std::shared_ptr<Copy> copy;
     if (!whole.ok()) {
       ASSIGN_OR_RETURN(copy, StartCopy(at.vol_id, n, r.block_size()));
+      f->copying_ = true;
     }
     absl::MutexLock lock(&f->mu_);
     f->whole_id_ = n.file_id();

@@ -1,0 +1,175 @@
+// restore_floor: the least work a restore on a fresh node does, with no Ember in it, so the
+// checkpoint restore case (bench_ckpt.sh) has a ceiling for the same work beside raw TCP and disk
+// reads. Not a test.
+//
+//   restore_floor OUTDIR FILE...
+//   restore_floor --touch MIB     touches MIB of new memory and frees it (see TouchFreeMemory)
+//
+// One stream per FILE, all at once, as a restore's readers are. A sender thread per stream
+// sendfile()s its FILE over loopback TCP (the FILE's page cache dropped first with
+// POSIX_FADV_DONTNEED: a peer reading its copy from disk). Three passes, each from a dropped page
+// cache, print MiB/s of all streams together (the median of three runs of each, interleaved):
+//   tcp    the receiver recv()s into one reused 4 MiB buffer (peer_bench's raw TCP, cold source);
+//   store  + each 4 MiB block checked (XXH3-64, as Ember does) and pwrite()n to OUTDIR (the
+//          node's copy in the page cache, written back by the kernel);
+//   read   + a reader pread()s each block back from OUTDIR into its own buffer (what a reader of
+//          a passthrough-opened copy costs).
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "transport/socket_util.h"
+
+using namespace ember;
+using namespace ember::transport;
+
+namespace {
+
+// Touches `bytes` of new memory and gives it back: this VM's host takes back guest pages left
+// untouched for a while, and the first write into such a page (page cache or heap) then costs
+// 3-4x; every pass (and the Ember case it is compared with) starts with recently touched pages
+// free for what it allocates.
+void TouchFreeMemory(uint64_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return;
+  std::memset(p, 1, bytes);
+  munmap(p, bytes);
+}
+
+constexpr size_t kBlock = 4u << 20;
+
+enum class Pass { kTcp, kStore, kRead };
+
+// Streams every FILE at once through PASS; returns MiB/s of all, or < 0 on an error.
+double Run(const std::string& outdir, const std::vector<std::string>& files, Pass pass) {
+  std::vector<int> fds;
+  uint64_t total = 0;
+  for (const auto& f : files) {
+    int fd = open(f.c_str(), O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+      std::perror(f.c_str());
+      return -1;
+    }
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    fds.push_back(fd);
+    total += static_cast<uint64_t>(st.st_size);
+  }
+  int port = 0;
+  auto lfd = ListenTcp("127.0.0.1:0", &port);
+  if (!lfd.ok()) return -1;
+  std::atomic<int> failed{0};
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < files.size(); ++i) {
+    threads.emplace_back([&, i] {
+      int c = accept(*lfd, nullptr, nullptr);
+      struct stat st;
+      fstat(fds[i], &st);
+      if (c < 0 || !SendFileFull(c, fds[i], 0, static_cast<size_t>(st.st_size)).ok()) failed++;
+      if (c >= 0) close(c);
+    });
+    threads.emplace_back([&, i] {
+      auto c = ConnectTcp(absl::StrCat("127.0.0.1:", port), std::chrono::seconds(1),
+                          std::chrono::seconds(30));
+      if (!c.ok()) {
+        failed++;
+        return;
+      }
+      const std::string out = absl::StrCat(outdir, "/floor", i);
+      int ofd = pass == Pass::kTcp ? -1 : open(out.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+      std::vector<char> buf(kBlock), rbuf(pass == Pass::kRead ? kBlock : 0);
+      uint64_t off = 0, sums = 0;
+      for (;;) {
+        size_t got = 0;
+        while (got < kBlock) {
+          ssize_t n = recv(*c, buf.data() + got, kBlock - got, 0);
+          if (n < 0) failed++;
+          if (n <= 0) break;
+          got += static_cast<size_t>(n);
+        }
+        if (got == 0) break;
+        if (pass != Pass::kTcp) {
+          sums ^= BlockChecksum(buf.data(), got);
+          if (pwrite(ofd, buf.data(), got, static_cast<off_t>(off)) != static_cast<ssize_t>(got)) {
+            failed++;
+          }
+          if (pass == Pass::kRead &&
+              pread(ofd, rbuf.data(), got, static_cast<off_t>(off)) != static_cast<ssize_t>(got)) {
+            failed++;
+          }
+        }
+        off += got;
+        if (got < kBlock) break;
+      }
+      if (sums == 1) std::fprintf(stderr, "(unlikely checksum)\n");  // keeps the sums computed
+      close(*c);
+      if (ofd >= 0) close(ofd);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  close(*lfd);
+  for (int fd : fds) close(fd);
+  for (size_t i = 0; i < files.size(); ++i) unlink(absl::StrCat(outdir, "/floor", i).c_str());
+  if (failed > 0) return -1;
+  return static_cast<double>(total) / 1048576.0 / secs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--touch") {
+    TouchFreeMemory(std::strtoull(argv[2], nullptr, 10) << 20);
+    return 0;
+  }
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: restore_floor OUTDIR FILE... | restore_floor --touch MIB\n");
+    return 2;
+  }
+  uint64_t total = 0;
+  for (int i = 2; i < argc; ++i) {
+    struct stat st;
+    if (stat(argv[i], &st) == 0) total += static_cast<uint64_t>(st.st_size);
+  }
+  std::vector<std::string> files(argv + 2, argv + argc);
+  const char* names[] = {"tcp", "store", "read"};
+  // Each pass three times, the passes interleaved (this VM's disk and CPU move run to run);
+  // prints each pass's median.
+  std::vector<double> got[3];
+  for (int round = 0; round < 3; ++round) {
+    for (Pass p : {Pass::kTcp, Pass::kStore, Pass::kRead}) {
+      sync();  // the last pass's copies written back: each pass starts from a quiet disk
+      TouchFreeMemory(2 * total + (256u << 20));  // the sender's page cache and the copies
+      double mibs = Run(argv[1], files, p);
+      if (mibs < 0) {
+        std::fprintf(stderr, "restore_floor: pass %s failed\n", names[static_cast<int>(p)]);
+        return 1;
+      }
+      got[static_cast<int>(p)].push_back(mibs);
+    }
+  }
+  for (int p = 0; p < 3; ++p) {
+    std::sort(got[p].begin(), got[p].end());
+    std::printf("%s %.0f\n", names[p], got[p][1]);
+    std::fprintf(stderr, "%s %.0f %.0f %.0f\n", names[p], got[p][0], got[p][1], got[p][2]);
+  }
+  return 0;
+}
