@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "common/xxh3_avx2.h"
 
 namespace ember {
 namespace {
@@ -27,21 +28,44 @@ BlockId MakeBlockId(const BlockAddr& addr) {
   return BlockId{h.high64, h.low64};
 }
 
-uint64_t BlockChecksum(const void* data, size_t len) { return XXH3_64bits(data, len); }
+namespace {
+// Whether the AVX2 build of XXH3 (common/xxh3_avx2.c) can run here.
+const bool kAvx2 = __builtin_cpu_supports("avx2");
+}  // namespace
 
-BlockChecksummer::BlockChecksummer() : state_(XXH3_createState()) {
-  if (state_ == nullptr) throw std::bad_alloc();
-  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+uint64_t BlockChecksum(const void* data, size_t len) {
+  return kAvx2 ? EmberXxh3Avx2(data, len) : XXH3_64bits(data, len);
 }
 
-BlockChecksummer::~BlockChecksummer() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+BlockChecksummer::BlockChecksummer() {
+  if (kAvx2) {
+    state_ = EmberXxh3Avx2New();
+  } else {
+    state_ = XXH3_createState();
+    if (state_ != nullptr) XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+  }
+  if (state_ == nullptr) throw std::bad_alloc();
+}
+
+BlockChecksummer::~BlockChecksummer() {
+  if (kAvx2) {
+    EmberXxh3Avx2Free(state_);
+  } else {
+    XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+  }
+}
 
 void BlockChecksummer::Update(const void* data, size_t len) {
-  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, len);
+  if (kAvx2) {
+    EmberXxh3Avx2Update(state_, data, len);
+  } else {
+    XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, len);
+  }
 }
 
 uint64_t BlockChecksummer::Digest() const {
-  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+  return kAvx2 ? EmberXxh3Avx2Digest(state_)
+               : XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
 }
 
 absl::Status ValidateDatasetName(std::string_view name) {

@@ -1,7 +1,9 @@
 #include "common/ids.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -28,6 +30,27 @@ TEST(BlockIdTest, ChecksumDetectsFlip) {
   uint64_t c = BlockChecksum(data.data(), data.size());
   data[100] ^= 1;
   EXPECT_NE(c, BlockChecksum(data.data(), data.size()));
+}
+
+// Checksums recorded by one build (the library's XXH3) are checked by another (the AVX2 one when
+// the CPU has it), and a block arrives whole or in pieces: every way gives the same value.
+TEST(BlockIdTest, ChecksumIsTheLibrarysXxh3WholeOrInPieces) {
+  std::string data((4u << 20) + 333, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (char& c : data) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  for (size_t len : {size_t{0}, size_t{1}, size_t{16}, size_t{240}, size_t{241}, size_t{4096},
+                     size_t{1} << 20, data.size()}) {
+    const uint64_t want = XXH3_64bits(data.data(), len);
+    EXPECT_EQ(BlockChecksum(data.data(), len), want) << len;
+    BlockChecksummer pieces;
+    for (size_t at = 0; at < len; at += 70'001) {
+      pieces.Update(data.data() + at, std::min<size_t>(70'001, len - at));
+    }
+    EXPECT_EQ(pieces.Digest(), want) << len;
+  }
 }
 
 TEST(DatasetNameTest, Validation) {

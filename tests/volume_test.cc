@@ -118,6 +118,16 @@ class VolumeTest : public ::testing::Test {
     return n;
   }
 
+  // How many volume contents `node` holds on its disk (whole or being written).
+  static int Copies(const NodeProcess& node) {
+    int n = 0;
+    std::error_code ec;
+    for (auto& e : fs::recursive_directory_iterator(node.cache_dir() + "/volumes", ec)) {
+      if (e.is_regular_file() && e.path().extension() == "") n++;
+    }
+    return n;
+  }
+
   // The file's record in `ember volume status --json`.
   json Status(const std::string& name) {
     auto r = Ember({"volume", "status", "ckpt", "--json"});
@@ -171,6 +181,9 @@ TEST_F(VolumeTest, ACheckpointSavedOnOneNodeIsReadWholeOnAnotherAfterItsRename) 
   }
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"rank0.pt", "rank1.pt"}));
+  // n2 read them from n1's copy into memory as they were read: none on n2's disk.
+  EXPECT_EQ(Copies(*b_), 0);
+  EXPECT_EQ(Copies(*a_), 2);
 
   char state[32] = {0};
   ssize_t n =
@@ -195,8 +208,8 @@ TEST_F(VolumeTest, ACheckpointSavedOnOneNodeIsReadWholeOnAnotherAfterItsRename) 
   // A new save replaces the file: the next open on the other node sees the new bytes.
   const std::string r0b = Random(2 * kMiB + 5, 3);
   ASSERT_EQ(Save(A("run7/step_1000/rank0.pt"), r0b), 0);
-  // Its first open on the other node starts the copy there and reads past the mount's page
-  // cache (FOPEN_DIRECT_IO): a shared mapping of it still reads the new bytes.
+  // Its open on the other node reads from the holder, past the mount's page cache
+  // (FOPEN_DIRECT_IO): a shared mapping of it still reads the new bytes.
   int fd = open(B("run7/step_1000/rank0.pt").c_str(), O_RDONLY);
   ASSERT_GE(fd, 0) << strerror(errno);
   void* m = mmap(nullptr, r0b.size(), PROT_READ, MAP_SHARED, fd, 0);
@@ -261,25 +274,6 @@ TEST_F(VolumeTest, ChangesAnswerAsPosixSaysAndDatasetsStayReadOnly) {
   EXPECT_EQ(mkdir((a_->mount() + "/new").c_str(), 0755), -1);
   EXPECT_EQ(errno, EROFS);
   EXPECT_EQ(rename(A("x").c_str(), (a_->mount() + "/x").c_str()), -1);
-}
-
-TEST_F(VolumeTest, ACorruptCopyIsNeverServedAndComesBackFromItsHolder) {
-  const std::string data = Random(3 * kMiB, 6);
-  ASSERT_EQ(Save(A("w.pt"), data), 0);
-  ASSERT_TRUE(Load(B("w.pt")) == data);  // n2 now holds a copy
-  // Flip a byte of n2's copy on its disk.
-  std::string copy;
-  for (auto& e : fs::recursive_directory_iterator(b_->cache_dir() + "/volumes")) {
-    if (e.is_regular_file() && e.path().extension() == "") copy = e.path();
-  }
-  ASSERT_FALSE(copy.empty());
-  int fd = open(copy.c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(pwrite(fd, "!", 1, kMiB + 7), 1);
-  close(fd);
-  const std::string first = Load(B("w.pt"));
-  EXPECT_TRUE(first == data || first == absl::StrCat("<errno ", EIO, ">")) << "served wrong bytes";
-  EXPECT_TRUE(Load(B("w.pt")) == data);  // the copy was dropped and fetched again
 }
 
 TEST_F(VolumeTest, AWriterKilledBeforeCloseLeavesNoTornFile) {
@@ -405,7 +399,7 @@ TEST_F(VolumeTest, WhileMetaIsAwayNodesReadWhatTheyHoldAndChangesFailClearly) {
   const std::string data = Random(2 * kMiB + 9, 51), other = Random(kMiB, 52);
   ASSERT_EQ(Save(A("run/r0.pt"), data), 0);
   ASSERT_EQ(Save(A("run/r1.pt"), other), 0);
-  ASSERT_TRUE(Load(B("run/r0.pt")) == data);  // n2 holds a copy of r0.pt now, not of r1.pt
+  ASSERT_TRUE(Load(B("run/r0.pt")) == data);  // n2 knows r0.pt's checksums now, not r1.pt's
   auto list = [](const std::string& dir) {
     std::vector<std::string> names;
     std::error_code ec;
@@ -421,7 +415,8 @@ TEST_F(VolumeTest, WhileMetaIsAwayNodesReadWhatTheyHoldAndChangesFailClearly) {
   EXPECT_EQ(list(B("run")), (std::vector<std::string>{"r0.pt", "r1.pt"}));
   // A directory this node never listed is not guessed at.
   EXPECT_EQ(list(A("run")), (std::vector<std::string>{std::strerror(EIO)}));
-  // What needs meta fails with EIO, not a hang and not a guess: a copy n2 lacks, any change.
+  // What needs meta fails with EIO, not a hang and not a guess: contents n2 never read (their
+  // checksums are meta's), any change.
   EXPECT_EQ(Load(B("run/r1.pt")), absl::StrCat("<errno ", EIO, ">"));
   EXPECT_EQ(Save(A("run/r2.pt"), other), EIO);
   EXPECT_EQ(mkdir(A("run2").c_str(), 0755), -1);
@@ -535,6 +530,28 @@ TEST_F(ReplicatedVolumeTest, AFileSurvivesItsWriterAfterCloseFromTheCopyInAnothe
   b_->Kill(SIGKILL);
   close(fd);
   EXPECT_TRUE(Load(C("step_2.pt")) == more);
+}
+
+TEST_F(ReplicatedVolumeTest, ACorruptCopyIsNeverServedAndReadsGoToAnotherHolder) {
+  const std::string data = Random(3 * kMiB, 6);
+  ASSERT_EQ(Save(A("w.pt"), data), 0);
+  ASSERT_EQ(Status("w.pt")["holders"], json::array({"n1", "n3"}));
+  // Flip a byte of n3's copy on its disk.
+  std::string copy;
+  for (auto& e : fs::recursive_directory_iterator(c_->cache_dir() + "/volumes")) {
+    if (e.is_regular_file() && e.path().extension() == "") copy = e.path();
+  }
+  ASSERT_FALSE(copy.empty());
+  int fd = open(copy.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, "!", 1, kMiB + 7), 1);
+  close(fd);
+  const std::string first = Load(C("w.pt"));
+  EXPECT_TRUE(first == data || first == absl::StrCat("<errno ", EIO, ">")) << "served wrong bytes";
+  EXPECT_FALSE(fs::exists(copy + ".sums"));  // the bad copy is no longer whole
+  EXPECT_TRUE(Load(C("w.pt")) == data);      // and n3 reads n1's
+  // A node holding nothing asks both holders; the bad bytes of one would be taken from the other.
+  EXPECT_TRUE(Load(B("w.pt")) == data);
 }
 
 TEST_F(ReplicatedVolumeTest, TooFewNodesFailTheCloseAndCommitNothing) {

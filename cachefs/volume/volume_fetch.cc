@@ -47,7 +47,14 @@ absl::StatusOr<VolumeFs::CopyPlan> VolumeFs::PlanCopy(uint32_t vol, const rpc::V
   if (block_size == 0) return ErrnoStatus(EIO, "no block size known for the volume");
   CopyPlan plan;
   const uint64_t blocks = (n.size() + block_size - 1) / block_size;
-  for (uint64_t first = 0; first < blocks; first += kChecksumBatch) {
+  const std::pair<uint32_t, uint64_t> key{vol, n.file_id()};
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = sums_.find(key); it != sums_.end() && it->second.size() == blocks) {
+      plan.sums = it->second;
+    }
+  }
+  for (uint64_t first = plan.sums.empty() ? 0 : blocks; first < blocks; first += kChecksumBatch) {
     rpc::GetChecksumsRequest req;
     for (uint64_t i = first; i < std::min<uint64_t>(blocks, first + kChecksumBatch); ++i) {
       *req.add_blocks() = meta::ToProto(BlockAddr{vol, meta::kVolumeDataVersion, n.file_id(), i});
@@ -61,6 +68,11 @@ absl::StatusOr<VolumeFs::CopyPlan> VolumeFs::PlanCopy(uint32_t vol, const rpc::V
       }
       plan.sums.push_back(got->checksums(i));
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (sums_.size() >= kSumsKept) sums_.erase(sums_.begin());
+    sums_[key] = plan.sums;
   }
   for (const auto& h : n.holders()) {
     if (h == node_id_) continue;  // our copy is gone (dropped as corrupt): others only
@@ -97,29 +109,41 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
   if (plan.origin_path.empty()) return st;
   if (!plan.peers.empty() && restart) restart();  // the holders' attempt's file was dropped
   const std::string& path = plan.origin_path;
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+  if (access(path.c_str(), R_OK) != 0) {
     return ErrnoStatus(EIO, absl::StrCat(st.message(), "; and the origin's copy '", path,
                                          "' cannot be opened: ", strerror(errno)));
   }
-  auto read_origin = [fd, block_size](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
-    for (const auto& p : pieces) {
-      if (!PreadFull(fd, p.index * block_size, p.len, p.buf)) {
-        return absl::UnavailableError(absl::StrCat("cannot read the origin's copy: ",
-                                                   errno == 0 ? "short file" : strerror(errno)));
-      }
-    }
-    return absl::OkStatus();
-  };
-  auto whole =
-      store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums, read_origin, false, written);
-  close(fd);
+  auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums,
+                             FromOrigin(path, block_size), false, written);
   if (!whole.ok()) {
     spdlog::warn("volume: contents of '{}' could not be read from the origin '{}': {}", n.name(),
                  path, std::string(whole.status().message()));
     return ErrnoStatus(EIO, std::string(whole.status().message()));
   }
   return whole;
+}
+
+VolumeStore::BatchReader VolumeFs::FromOrigin(std::string path, uint64_t block_size) {
+  if (path.empty()) return nullptr;
+  return [path = std::move(path),
+          block_size](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
+    if (pieces.empty()) return absl::OkStatus();
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot open the origin's copy '", path, "': ", strerror(errno)));
+    }
+    absl::Status st;
+    for (const auto& p : pieces) {
+      if (!PreadFull(fd, p.index * block_size, p.len, p.buf)) {
+        st = absl::UnavailableError(absl::StrCat("cannot read the origin's copy '", path, "': ",
+                                                 errno == 0 ? "short file" : strerror(errno)));
+        break;
+      }
+    }
+    close(fd);
+    return st;
+  };
 }
 
 absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32_t vol,
@@ -132,7 +156,8 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
 
 absl::StatusOr<std::shared_ptr<VolumeFs::Copy>> VolumeFs::StartCopy(uint32_t vol,
                                                                     const rpc::VolumeInode& n,
-                                                                    uint64_t block_size) {
+                                                                    uint64_t block_size,
+                                                                    CopyPlan plan) {
   const std::pair<uint32_t, uint64_t> key{vol, n.file_id()};
   {
     absl::MutexLock lock(&mu_);
@@ -140,7 +165,6 @@ absl::StatusOr<std::shared_ptr<VolumeFs::Copy>> VolumeFs::StartCopy(uint32_t vol
       if (auto c = it->second.lock()) return c;
     }
   }
-  ASSIGN_OR_RETURN(CopyPlan plan, PlanCopy(vol, n, block_size));
   auto c = std::make_shared<Copy>();
   {
     absl::MutexLock lock(&c->mu);
@@ -196,8 +220,12 @@ absl::StatusOr<ReadResult> VolumeFs::Read(uint64_t ino, FileSystem::FileHandle* 
     handle = own.get();
   }
   File* f = static_cast<File*>(handle);
-  absl::MutexLock lock(&f->mu_);
   ReadResult out;
+  if (f->stream_ != nullptr) {  // not here: from the holders' blocks, in memory
+    RETURN_IF_ERROR(f->stream_->Read(offset, size, &out));
+    return out;
+  }
+  absl::MutexLock lock(&f->mu_);
   int fd = f->fd_;
   uint64_t file_size = f->SizeLocked();
   if (fd < 0 && f->whole_ == nullptr && f->copy_ != nullptr) {

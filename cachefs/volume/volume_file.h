@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "cachefs/volume/volume_fs.h"
+#include "cachefs/volume/volume_stream.h"
 #include "common/ids.h"
 
 namespace ember::cachefs {
@@ -33,8 +34,9 @@ class VolumeFs::File final : public FileSystem::FileHandle {
       : fs_(fs), at_(std::move(at)), fuse_ino_(fuse_ino), block_size_(block_size) {}
   ~File() override;
   bool Volatile() const override { return true; }
-  // Writers, and readers of contents being copied here as they read (their bytes are in the
-  // copy's file already: a page cache of the mount's inode would be a second copy of them).
+  // Writers, and readers of contents not on this disk (read from the holders as they read, or
+  // copied here as they read): a page cache of the mount's inode would be a second copy of
+  // bytes this node does not read from it (the volume's `Volatile` contents are checked at open).
   bool Uncached() const override { return writable_ || copying_; }
 
   VolumeFs* const fs_;
@@ -42,7 +44,9 @@ class VolumeFs::File final : public FileSystem::FileHandle {
   const uint64_t fuse_ino_;
   const uint64_t block_size_;
   bool writable_ = false;
-  bool copying_ = false;  // opened for reading while its contents are copied here
+  bool copying_ = false;  // opened for reading while its contents are not here
+  // Reading contents this node lacks from the holders, with no copy here (set at the open).
+  std::unique_ptr<VolumeStream> stream_;
 
   absl::Mutex mu_;
   // Reading: the contents opened or last committed (null: empty, or still being copied).

@@ -351,13 +351,29 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> VolumeFs::Open(uint64_t 
   }
   auto f = std::make_unique<File>(this, at, ino, r.block_size());
   if (n.file_id() != 0) {
-    // Here already, or copied from a holder while the reader reads (each block as it lands).
+    // Here already; or read from the holders as the reader reads (VolumeStream, no copy here);
+    // or, when only the origin has them, copied from it while the reader reads (each block as
+    // it lands), so that the next reader here does not read the origin again.
     absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> whole =
         store_->Open(at.vol_id, n.file_id());
     std::shared_ptr<Copy> copy;
     if (!whole.ok()) {
-      ASSIGN_OR_RETURN(copy, StartCopy(at.vol_id, n, r.block_size()));
+      ASSIGN_OR_RETURN(CopyPlan plan, PlanCopy(at.vol_id, n, r.block_size()));
       f->copying_ = true;
+      if (!plan.peers.empty()) {
+        std::vector<VolumeStream::Source> sources;
+        for (const auto& peer : plan.peers) {
+          sources.push_back(
+              {absl::StrCat("node ", peer), FromPeers(at.vol_id, n.file_id(), {peer})});
+        }
+        if (!plan.origin_path.empty()) {
+          sources.push_back({"the origin", FromOrigin(plan.origin_path, r.block_size())});
+        }
+        f->stream_ = std::make_unique<VolumeStream>(n.name(), n.file_id(), n.size(), r.block_size(),
+                                                    plan.sums, std::move(sources));
+        return std::unique_ptr<FileSystem::FileHandle>(std::move(f));
+      }
+      ASSIGN_OR_RETURN(copy, StartCopy(at.vol_id, n, r.block_size(), std::move(plan)));
     }
     absl::MutexLock lock(&f->mu_);
     f->whole_id_ = n.file_id();

@@ -1,8 +1,8 @@
 // VolumeFs: the writable volumes of a node's mount (/MOUNT/NAME for each `ember volume add`),
 // the front door of cachefs/volume/. DatasetFs routes the root's volume names and every volume
 // inode here. Owns: the file-system operations on volumes, each open file's staging and commit,
-// and copying a file's contents from the nodes that hold them. Must not touch: datasets' cache
-// and fill pipeline, FUSE.
+// and reading or copying a file's contents from the nodes that hold them. Must not touch: datasets'
+// cache and fill pipeline, FUSE.
 //
 // How a write becomes visible (meta/volumes.h keeps the tree):
 //   open for writing   takes the file's write lease from meta (EBUSY while another node writes
@@ -13,10 +13,12 @@
 //                      open anywhere sees the new contents (close-to-open); before, nobody does:
 //                      no torn or mixed file is ever visible.
 //   open elsewhere     asks meta for the inode (entries and attributes are never cached by the
-//                      kernel: timeouts 0) and, when this node lacks the contents, copies them
-//                      from a holder over the block transport, every block checked against the
-//                      checksums meta recorded at the commit, in the background: reads take
-//                      each block as soon as it is in (volume_fetch.cc).
+//                      kernel: timeouts 0) and, when this node lacks the contents, reads them
+//                      from the holders over the block transport into memory as the reader
+//                      reads, every block checked against the checksums meta recorded at the
+//                      commit, no copy kept here (volume_stream.h); only the origin's copy
+//                      known: copied here in the background, reads taking each block as soon
+//                      as it is in (volume_fetch.cc).
 //   replicas           before the commit, `--replicas - 1` other nodes copy the sealed contents
 //                      from the writer and sync them (volume_replicas.cc); the commit names them
 //                      all, or fails with EIO when too few could (nothing is committed then).
@@ -26,8 +28,9 @@
 //                      then `persisted`. An open on a node when no holder can give the contents
 //                      reads the origin's copy of persisted ones, checked block by block.
 //   meta away          lookups, attributes and listings answer as meta last did, so files this
-//                      node holds stay readable; every change (and a copy, which needs meta's
-//                      checksums) fails with EIO until meta is back.
+//                      node holds, or read from holders before, stay readable; every change
+//                      (and contents never read here, whose checksums are meta's) fails with
+//                      EIO until meta is back.
 // Not built yet (docs/architecture.md, "Where this is going"): keeping open write handles across
 // an agent restart.
 //
@@ -147,10 +150,12 @@ class VolumeFs {
     absl::Status status ABSL_GUARDED_BY(mu);                              // once done
     std::shared_ptr<const VolumeStore::Whole> whole ABSL_GUARDED_BY(mu);  // once done, Ok
   };
-  // Starts the copy of `n`'s contents (or joins the one under way). Returns: it; PlanCopy's
-  // error (no source), at once.
+  // Starts the copy of `n`'s contents by `plan` (or joins the one under way). Returns: it.
   absl::StatusOr<std::shared_ptr<Copy>> StartCopy(uint32_t vol, const rpc::VolumeInode& n,
-                                                  uint64_t block_size) ABSL_LOCKS_EXCLUDED(mu_);
+                                                  uint64_t block_size, CopyPlan plan)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads blocks from the origin's copy at `path` (opened per batch); empty for "".
+  static VolumeStore::BatchReader FromOrigin(std::string path, uint64_t block_size);
   absl::StatusOr<std::string> PeerAddress(const std::string& node_id);
   // Reads blocks of contents `file_id` from `peers`, each piece from the first that has it.
   VolumeStore::BatchReader FromPeers(uint32_t vol, uint64_t file_id,
@@ -205,6 +210,10 @@ class VolumeFs {
   std::map<std::pair<uint32_t, uint64_t>, std::vector<rpc::VolumeInode>> listings_
       ABSL_GUARDED_BY(mu_);
   std::map<std::pair<uint32_t, uint64_t>, std::weak_ptr<Copy>> copies_ ABSL_GUARDED_BY(mu_);
+  // Checksums of contents read here from holders (contents never change): opened again while
+  // meta is away, they are read from their holders still.
+  static constexpr size_t kSumsKept = 10'000;
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<uint64_t>> sums_ ABSL_GUARDED_BY(mu_);
   std::vector<std::future<void>> copying_ ABSL_GUARDED_BY(mu_);  // StartCopy's threads
   // Files this node has open for writing, by fuse inode: their size is the staging file's.
   std::multimap<uint64_t, File*> writers_ ABSL_GUARDED_BY(mu_);

@@ -64,9 +64,15 @@ VolumeStore::BatchReader VolumeFs::FromPeers(uint32_t vol, uint64_t file_id,
       }
       if (missing.empty()) break;
       transport_->FetchMany(peer, missing);
-      for (size_t k = 0; k < missing.size(); ++k) want[at[k]].status = missing[k].status;
+      for (size_t k = 0; k < missing.size(); ++k) {
+        want[at[k]].status = missing[k].status;
+        want[at[k]].info = missing[k].info;
+      }
     }
-    for (const auto& f : want) RETURN_IF_ERROR(f.status);
+    for (size_t i = 0; i < want.size(); ++i) {
+      RETURN_IF_ERROR(want[i].status);
+      pieces[i].received_sum = want[i].info.received_checksum;
+    }
     return absl::OkStatus();
   };
 }

@@ -247,7 +247,7 @@ absl::Status CopyIn(int fd, const std::string& path, uint64_t file_id,
     st = got;
     for (const Piece& p : pieces) {
       if (!st.ok()) break;
-      if (BlockChecksum(p.buf, p.len) != expect(p.index)) {
+      if (VolumeStore::SumOf(p) != expect(p.index)) {
         st = absl::DataLossError(absl::StrCat("block ", p.index, " of contents ", file_id,
                                               " from a peer does not match its checksum"));
       } else if (!PwriteFull(fd, p.index * block_size, p.buf, p.len)) {
@@ -262,6 +262,10 @@ absl::Status CopyIn(int fd, const std::string& path, uint64_t file_id,
 }
 
 }  // namespace
+
+uint64_t VolumeStore::SumOf(const Piece& p) {
+  return p.received_sum.has_value() ? *p.received_sum : BlockChecksum(p.buf, p.len);
+}
 
 std::optional<VolumeStore::Ahead> VolumeStore::TakeAhead(std::pair<uint32_t, uint64_t> key,
                                                          uint64_t block_size) {

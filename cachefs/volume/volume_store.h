@@ -77,7 +77,12 @@ class VolumeStore {
     uint64_t index = 0;
     char* buf = nullptr;
     size_t len = 0;
+    // Set by a reader that hashed the bytes as they arrived (the TCP transport does): their
+    // BlockChecksum, so that the check need not read them again.
+    std::optional<uint64_t> received_sum;
   };
+  // The BlockChecksum of a piece as read: received_sum, else the bytes hashed now.
+  static uint64_t SumOf(const Piece& p);
   using BatchReader = std::function<absl::Status(std::vector<Piece>& pieces)>;
   absl::StatusOr<std::shared_ptr<const Whole>> Fetch(
       uint32_t vol, uint64_t file_id, uint64_t size, uint64_t block_size,
