@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
+#include "common/memory.h"
 #include "common/status.h"
 
 namespace ember::cachefs {
@@ -224,8 +225,8 @@ absl::Status CopyIn(int fd, const std::string& path, uint64_t file_id,
                     const std::function<void(uint64_t)>& written = nullptr) {
   using Piece = VolumeStore::Piece;
   const size_t batch = static_cast<size_t>(std::max<uint64_t>(1, kFetchBytes / block_size));
-  std::unique_ptr<char[]> bufs[2] = {std::unique_ptr<char[]>(new char[batch * block_size]),
-                                     std::unique_ptr<char[]>(new char[batch * block_size])};
+  std::shared_ptr<char[]> bufs[2] = {NewBulkBuffer(batch * block_size),
+                                     NewBulkBuffer(batch * block_size)};
   auto ask = [&](size_t at, int which) {
     std::vector<Piece> pieces;
     for (size_t k = at; k < std::min(want.size(), at + batch); ++k) {

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <new>
 #include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/memory.h"
 #include "common/status.h"
 
 namespace ember::cachefs {
@@ -49,7 +52,9 @@ std::shared_ptr<char[]> VolumeStream::BufferLocked() {
       return buf;
     }
   }
-  return std::shared_ptr<char[]>(new char[block_size_]);
+  // New memory, in huge pages (restore of 4 x 512 MiB, alternating: 1.37-1.42 s and 1.69 CPU-s
+  // on the reading node with 4 KiB pages, 1.28-1.30 s and 1.21-1.29 CPU-s with huge pages).
+  return NewBulkBuffer(block_size_);
 }
 
 std::vector<absl::Status> VolumeStream::FetchChecked(std::vector<VolumeStore::Piece>& pieces) {
