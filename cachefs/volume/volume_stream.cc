@@ -105,7 +105,11 @@ void VolumeStream::Work() {
     if (closing_) return;
     std::vector<VolumeStore::Piece> pieces;
     std::vector<std::shared_ptr<char[]>> bufs;
+    // Blocks a READ waits for go alone (a batch is ready only once all of it is in: padded
+    // with blocks ahead, the reader's first block would wait for 32 MiB, not its own 4).
+    const bool urgent = !urgent_.empty();
     for (std::set<uint64_t>* from : {&urgent_, &ahead_}) {
+      if (urgent && from == &ahead_) break;
       while (!from->empty() && pieces.size() < batch) {
         const uint64_t b = *from->begin();
         from->erase(from->begin());
