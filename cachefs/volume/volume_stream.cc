@@ -164,9 +164,18 @@ absl::Status VolumeStream::Read(uint64_t offset, size_t size, ReadResult* out) {
   // next) has the blocks after it asked for ahead; one that jumps waits for its own only.
   const bool straight = first == next_ || first + 1 == next_ || (first == 0 && next_ == 0);
   next_ = last + 1;
+  // The read ahead grows a batch at a time: grown a block per block read, each request to the
+  // holder would carry a block or two, and the holder's disk and the network would wait on
+  // round trips.
+  if (!straight || ahead_end_ < last + 1) ahead_end_ = last + 1;
   if (straight) {
     const uint64_t ahead = std::max<uint64_t>(1, kAhead / block_size_);
-    for (uint64_t b = last + 1; b <= last + ahead && b < sums_.size(); ++b) WantLocked(b);
+    const uint64_t step = std::max<uint64_t>(1, kBatch / block_size_);
+    const uint64_t end = std::min<uint64_t>(last + 1 + ahead, sums_.size());
+    if (end >= ahead_end_ + step || (end == sums_.size() && end > ahead_end_)) {
+      for (uint64_t b = ahead_end_; b < end; ++b) WantLocked(b);
+      ahead_end_ = end;
+    }
   }
   // Dropped: blocks behind this READ, and any held past what a reader is read ahead.
   const uint64_t keep = std::max<uint64_t>(1, (kAhead + kWorkers * kBatch) / block_size_);

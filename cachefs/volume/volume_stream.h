@@ -84,7 +84,8 @@ class VolumeStream {
   std::set<uint64_t> urgent_ ABSL_GUARDED_BY(mu_);                   // wanted by a waiting READ
   std::set<uint64_t> ahead_ ABSL_GUARDED_BY(mu_);                    // wanted ahead of a reader
   std::vector<std::shared_ptr<char[]>> spare_ ABSL_GUARDED_BY(mu_);  // buffers of dropped blocks
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;  // the block after the last READ's (straight on?)
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;       // the block after the last READ's (straight on?)
+  uint64_t ahead_end_ ABSL_GUARDED_BY(mu_) = 0;  // read ahead asked up to here (exclusive)
   std::multiset<std::pair<uint64_t, uint64_t>> reading_ ABSL_GUARDED_BY(mu_);  // READs waiting
   std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);  // started as needed, kWorkers at most
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

@@ -95,7 +95,8 @@ TEST(VolumeStreamTest, BlocksOfHugePagesServeTheirBytes) {
   }
   VolumeStream s("f", 9, data.size(), block, sums,
                  {{"node a", [&](std::vector<VolumeStore::Piece>& pieces) {
-                     for (auto& p : pieces) std::memcpy(p.buf, data.data() + p.index * block, p.len);
+                     for (auto& p : pieces)
+                       std::memcpy(p.buf, data.data() + p.index * block, p.len);
                      return absl::OkStatus();
                    }}});
   for (int pass = 0; pass < 2; ++pass) {  // the second from buffers of blocks dropped behind
