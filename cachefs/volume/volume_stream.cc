@@ -104,7 +104,6 @@ void VolumeStream::Work() {
     mu_.Await(absl::Condition(&wanted));
     if (closing_) return;
     std::vector<VolumeStore::Piece> pieces;
-    std::vector<std::shared_ptr<char[]>> bufs;
     // Blocks a READ waits for go alone (a batch is ready only once all of it is in: padded
     // with blocks ahead, the reader's first block would wait for 32 MiB, not its own 4).
     const bool urgent = !urgent_.empty();
@@ -120,7 +119,6 @@ void VolumeStream::Work() {
         it->second.buf = BufferLocked();
         it->second.len = static_cast<size_t>(std::min(block_size_, size_ - b * block_size_));
         pieces.push_back(VolumeStore::Piece{b, it->second.buf.get(), it->second.len});
-        bufs.push_back(it->second.buf);
       }
     }
     if (pieces.empty()) continue;
