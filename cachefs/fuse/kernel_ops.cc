@@ -23,7 +23,7 @@ struct Request {
   size_t arg_len;
   FileSystem* fs;
   OpenFiles* files;
-  std::vector<char>* scratch;
+  ReplyScratch* scratch;
 
   uint64_t unique() const { return h.unique; }
   // The arguments as T, or nullptr after answering EINVAL when they are too short.
@@ -98,7 +98,7 @@ void OpRead(const Request& r) {
   // Bytes from the cache are copied (checked) straight into the reply buffer: the ring entry's
   // payload when the request came through one (no copy after), else this thread's scratch.
   const bool in_payload = r.ch.ring != nullptr && size <= r.ch.ring->capacity;
-  std::vector<char>& scratch = *r.scratch;
+  ReplyScratch& scratch = *r.scratch;
   if (!in_payload && scratch.size() < size) scratch.resize(std::max(size, kMaxRead));
   char* base = in_payload ? r.ch.ring->payload : scratch.data();
   auto res = r.fs->Read(r.h.nodeid, handle.get(), in->offset, size, base);
@@ -134,7 +134,7 @@ void OpReaddir(const Request& r) {
   if (in == nullptr) return;
   const bool plus = r.h.opcode == FUSE_READDIRPLUS;
   const size_t size = std::min<size_t>(in->size, kMaxRead);
-  std::vector<char>& scratch = *r.scratch;
+  ReplyScratch& scratch = *r.scratch;
   if (scratch.size() < size) scratch.resize(std::max(size, kMaxRead));
   char* buf = scratch.data();
   size_t used = 0;
@@ -341,7 +341,7 @@ void OpGetxattr(const Request& r) {
 }  // namespace
 
 void DispatchRequest(FileSystem* fs, OpenFiles* files, const Channel& ch, const char* msg,
-                     size_t len, std::vector<char>* scratch) {
+                     size_t len, ReplyScratch* scratch) {
   if (len < sizeof(fuse_in_header)) return;
   const auto* h = reinterpret_cast<const fuse_in_header*>(msg);
   const Request r{ch, *h,    msg + sizeof(*h), std::min<size_t>(len, h->len) - sizeof(*h),

@@ -172,7 +172,7 @@ bool KernelFuse::HandleInit() {
     auto u = FuseUring::Start(
         fd_, kMaxRead, options_.uring_threads_per_cpu,
         [this](const char* msg, size_t len, RingReply* reply) {
-          thread_local std::vector<char> scratch;
+          thread_local ReplyScratch scratch;
           DispatchRequest(fs_, files_.get(), Channel{-1, reply}, msg, len, &scratch);
         },
         WakeThread);
@@ -290,7 +290,7 @@ void KernelFuse::StopUring() {
 void KernelFuse::Serve(int fd) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a dup shares the description's flags
   std::vector<char> buf(kRequestBuffer);
-  std::vector<char> scratch;
+  ReplyScratch scratch;
   while (!stopping_ && !quiescing_) {
     ssize_t n = read(fd, buf.data(), buf.size());
     if (n < 0) {
