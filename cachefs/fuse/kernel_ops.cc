@@ -98,9 +98,7 @@ void OpRead(const Request& r) {
   // Bytes from the cache are copied (checked) straight into the reply buffer: the ring entry's
   // payload when the request came through one (no copy after), else this thread's scratch.
   const bool in_payload = r.ch.ring != nullptr && size <= r.ch.ring->capacity;
-  ReplyScratch& scratch = *r.scratch;
-  if (!in_payload && scratch.size() < size) scratch.resize(std::max(size, kMaxRead));
-  char* base = in_payload ? r.ch.ring->payload : scratch.data();
+  char* base = in_payload ? r.ch.ring->payload : r.scratch->Get(size);
   auto res = r.fs->Read(r.h.nodeid, handle.get(), in->offset, size, base);
   if (!res.ok()) return ReplyError(r.ch, r.unique(), ToErrno(res.status()));
   // Segments are in reply order; ReplyIov copies those not already in place into a payload.
@@ -134,9 +132,7 @@ void OpReaddir(const Request& r) {
   if (in == nullptr) return;
   const bool plus = r.h.opcode == FUSE_READDIRPLUS;
   const size_t size = std::min<size_t>(in->size, kMaxRead);
-  ReplyScratch& scratch = *r.scratch;
-  if (scratch.size() < size) scratch.resize(std::max(size, kMaxRead));
-  char* buf = scratch.data();
+  char* buf = r.scratch->Get(size);
   size_t used = 0;
   absl::Status st = r.fs->ReadDir(
       r.h.nodeid, in->offset, [&](const std::string& name, const Attr& attr, uint64_t next) {
