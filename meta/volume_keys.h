@@ -76,13 +76,21 @@ inline void Put(MetaStore::VolumeChange* c, uint32_t vol, const rpc::VolumeInode
   c->put.emplace_back(InodeKey(vol, n.ino()), n.SerializeAsString());
 }
 
-// The contents a change leaves behind: their holders drop them once told (not yet built).
+// The contents a change leaves behind (unlinked, renamed over, replaced by a commit): their
+// holders drop them from their caches by themselves (nothing names them); a copy in the origin
+// is recorded here, for a node's uploader to delete there (VolumeStatusResponse.discarded).
 inline void Discard(MetaStore::VolumeChange* c, uint32_t vol, const rpc::VolumeInode& n) {
-  if (n.file_id() == 0) return;
+  if (n.file_id() == 0 || n.state() != rpc::VolumeInode::PERSISTED || n.persisted_path().empty()) {
+    return;
+  }
   rpc::VolumeInode g;
   g.set_file_id(n.file_id());
   g.set_size(n.size());
   *g.mutable_holders() = n.holders();
+  g.set_state(rpc::VolumeInode::PERSISTED);
+  g.set_persisted_path(n.persisted_path());
+  g.set_origin_file_ino(n.origin_file_ino());
+  g.set_origin_mtime_ns(n.origin_mtime_ns());
   c->put.emplace_back(GarbageKey(vol, n.file_id()), g.SerializeAsString());
 }
 

@@ -13,6 +13,7 @@ using volume_keys::CheckName;
 using volume_keys::Discard;
 using volume_keys::EntryKey;
 using volume_keys::Err;
+using volume_keys::GarbageKey;
 using volume_keys::InodeKey;
 using volume_keys::InoValue;
 using volume_keys::IsDir;
@@ -134,17 +135,45 @@ absl::Status VolumeCatalog::SetAttr(const rpc::Volume& vol, const rpc::VolumeSet
 
 absl::Status VolumeCatalog::Persisted(const rpc::Volume& vol, const rpc::VolumePersisted& op,
                                       rpc::VolumeOpReply* reply) {
-  ASSIGN_OR_RETURN(rpc::VolumeInode n, Inode(vol.id(), op.ino()));
-  if (n.file_id() == op.file_id() && n.file_id() != 0 &&
-      (n.state() != rpc::VolumeInode::PERSISTED || n.persisted_path() != op.path())) {
-    n.set_state(rpc::VolumeInode::PERSISTED);
-    n.set_persisted_path(op.path());
+  absl::StatusOr<rpc::VolumeInode> n = Inode(vol.id(), op.ino());
+  if (!n.ok() && CarriedErrno(n.status()) != ENOENT) return n.status();
+  if (!n.ok() || n->file_id() != op.file_id() || op.file_id() == 0) {
+    // Removed or replaced while it was uploaded: what the upload put in the origin is discarded
+    // contents, to be deleted there like those of an unlink.
+    if (op.file_id() != 0 && !op.path().empty()) {
+      rpc::VolumeInode gone;
+      gone.set_file_id(op.file_id());
+      gone.set_size(op.size());
+      gone.set_state(rpc::VolumeInode::PERSISTED);
+      gone.set_persisted_path(op.path());
+      gone.set_origin_file_ino(op.origin_file_ino());
+      gone.set_origin_mtime_ns(op.origin_mtime_ns());
+      if (!op.node().empty()) gone.add_holders(op.node());
+      MetaStore::VolumeChange c;
+      Discard(&c, vol.id(), gone);
+      RETURN_IF_ERROR(store_->ApplyVolumeChange(c));
+    }
+    if (!n.ok()) return n.status();
+  } else if (n->state() != rpc::VolumeInode::PERSISTED || n->persisted_path() != op.path() ||
+             n->origin_file_ino() != op.origin_file_ino() ||
+             n->origin_mtime_ns() != op.origin_mtime_ns()) {
+    n->set_state(rpc::VolumeInode::PERSISTED);
+    n->set_persisted_path(op.path());
+    n->set_origin_file_ino(op.origin_file_ino());
+    n->set_origin_mtime_ns(op.origin_mtime_ns());
     MetaStore::VolumeChange c;
-    Put(&c, vol.id(), n);
+    Put(&c, vol.id(), *n);
     RETURN_IF_ERROR(store_->ApplyVolumeChange(c));
   }
-  *reply->mutable_inode() = std::move(n);
+  *reply->mutable_inode() = std::move(*n);
   return absl::OkStatus();
+}
+
+absl::Status VolumeCatalog::OriginDeleted(const rpc::Volume& vol,
+                                          const rpc::VolumeOriginDeleted& op) {
+  MetaStore::VolumeChange c;
+  c.erase.push_back(GarbageKey(vol.id(), op.file_id()));
+  return store_->ApplyVolumeChange(c);
 }
 
 absl::StatusOr<rpc::VolumeStatusResponse> VolumeCatalog::Status(const std::string& name) {
@@ -177,6 +206,19 @@ absl::StatusOr<rpc::VolumeStatusResponse> VolumeCatalog::Status(const std::strin
       }
     }
   }
+  const std::string discarded = volume_keys::VolPrefix(vol.id()) + "g";
+  absl::Status parsed;
+  RETURN_IF_ERROR(
+      store_->ScanVolumeKeys(discarded, "", [&](const std::string&, const std::string& value) {
+        rpc::VolumeInode g;
+        if (!g.ParseFromString(value)) {
+          parsed = absl::DataLossError("a discarded contents record does not parse");
+          return false;
+        }
+        if (!g.persisted_path().empty()) *out.add_discarded() = std::move(g);
+        return true;
+      }));
+  RETURN_IF_ERROR(parsed);
   return out;
 }
 

@@ -270,6 +270,9 @@ absl::StatusOr<rpc::VolumeOpReply> VolumeCatalog::Apply(const rpc::VolumeOpReque
     case R::kPersisted:
       st = Persisted(*vol, req.persisted(), &reply);
       break;
+    case R::kOriginDeleted:
+      st = OriginDeleted(*vol, req.origin_deleted());
+      break;
     default:
       st = absl::InvalidArgumentError("unknown volume operation");
   }

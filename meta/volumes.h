@@ -7,8 +7,11 @@
 // the write lease) and then commits them: size, per-block checksums (recorded as claims at
 // (volume id, kVolumeDataVersion, file_id, index), so peers and readers verify them as they do a
 // dataset's blocks) and the nodes holding them. Every commit names a new file_id, so a block
-// address always means the same bytes; the contents a commit replaced are recorded as garbage
-// for their holders to drop.
+// address always means the same bytes. Contents a change leaves behind (a commit replaced them,
+// an unlink or a rename over the file removed them) are dropped from caches by their holders
+// (nothing names them any more); when they were persisted, their copy in the origin is recorded
+// as discarded (with which file there it is: st_ino, st_mtim) until a node's uploader deletes it
+// there and says so (VolumeOriginDeleted).
 //
 // One writer per file: the write lease (kLeaseMs, renewed by the writer's OpenWrite). Another
 // node's OpenWrite while the lease lives gets EBUSY; a commit without the lease gets EIO.
@@ -22,7 +25,8 @@
 //   n/NAME                 -> rpc::Volume
 //   d/VOL e PARENT NAME    -> ino          (directory entries)
 //   d/VOL i INO            -> rpc::VolumeInode
-//   d/VOL g FILE_ID        -> rpc::VolumeInode (contents replaced or unlinked: holders to drop)
+//   d/VOL g FILE_ID        -> rpc::VolumeInode (contents unlinked or replaced whose copy is in the
+//                             origin, at persisted_path: to delete there)
 //
 // Thread-safe. `mu_` serializes every change (read, decide, write one batch) and guards the
 // volume records kept in memory; lookups, attributes and listings read the store without it.
@@ -72,7 +76,8 @@ class VolumeCatalog {
   absl::StatusOr<rpc::VolumeOpReply> Apply(const rpc::VolumeOpRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Every file with its path (in `name`) and how many bytes are not yet in the origin.
+  // Every file with its path (in `name`), how many bytes are not yet in the origin, and the
+  // discarded contents whose origin copy is to be deleted.
   absl::StatusOr<rpc::VolumeStatusResponse> Status(const std::string& name)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -101,6 +106,8 @@ class VolumeCatalog {
                        rpc::VolumeOpReply* reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Persisted(const rpc::Volume& vol, const rpc::VolumePersisted& op,
                          rpc::VolumeOpReply* reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OriginDeleted(const rpc::Volume& vol, const rpc::VolumeOriginDeleted& op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `change` and then, if it wrote, the volume record in memory.
   absl::Status Write(MetaStore::VolumeChange* change, rpc::Volume* vol, const rpc::Volume& updated)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

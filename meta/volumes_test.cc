@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <map>
 
 #include "common/status.h"
 #include "meta/store_fixture_test.h"
@@ -286,7 +287,7 @@ TEST_F(VolumesTest, ACommitRecordsChecksumsAndReplacesTheContentsWhole) {
                                      return true;
                                    })
                   .ok());
-  EXPECT_EQ(garbage, 1);
+  EXPECT_EQ(garbage, 0);  // never uploaded: nothing in the origin to delete
 
   auto st = volumes_->Status("ckpt");
   ASSERT_TRUE(st.ok());
@@ -306,6 +307,85 @@ TEST_F(VolumesTest, ACommitRecordsChecksumsAndReplacesTheContentsWhole) {
   up.mutable_persisted()->set_path("s.pt");
   EXPECT_EQ(Op(up).inode().persisted_path(), "s.pt");
   EXPECT_EQ(volumes_->Status("ckpt")->bytes_unpersisted(), 0u);
+}
+
+TEST_F(VolumesTest, OriginCopiesOfRemovedOrReplacedContentsAreListedUntilDeletedThere) {
+  AddVolume("ckpt", 1);
+  auto persist = [&](const rpc::VolumeInode& n, const std::string& path, uint64_t origin_ino) {
+    rpc::VolumeOpRequest up;
+    up.mutable_persisted()->set_ino(n.ino());
+    up.mutable_persisted()->set_file_id(n.file_id());
+    up.mutable_persisted()->set_path(path);
+    up.mutable_persisted()->set_origin_file_ino(origin_ino);
+    up.mutable_persisted()->set_origin_mtime_ns(static_cast<int64_t>(origin_ino) * 7);
+    up.mutable_persisted()->set_size(n.size());
+    up.mutable_persisted()->set_node("n2");
+    int err = 0;
+    return Op(up, &err).inode();
+  };
+  auto discarded = [&] {
+    std::map<std::string, rpc::VolumeInode> out;
+    const absl::StatusOr<rpc::VolumeStatusResponse> st = volumes_->Status("ckpt");
+    EXPECT_TRUE(st.ok()) << st.status();
+    if (st.ok()) {
+      for (const auto& g : st->discarded()) out[g.persisted_path()] = g;
+    }
+    return out;
+  };
+  auto save = [&](const std::string& name, uint64_t size) {
+    const auto f = Op(Create(kVolumeRootIno, name, "n1")).inode();
+    return Op(Commit(f, "n1", size, {"n1"})).inode();
+  };
+  const auto a = save("a.pt", 10), b = save("b.pt", 20), c = save("c.pt", 30);
+  EXPECT_EQ(persist(a, "a.pt", 101).origin_file_ino(), 101u);
+  persist(b, "b.pt", 102);
+  persist(c, "c.pt", 103);
+  const auto never = save("never.pt", 5);  // not uploaded: nothing to delete when removed
+  EXPECT_TRUE(discarded().empty());
+
+  Op(Remove(kVolumeRootIno, "a.pt", false));
+  Op(Remove(kVolumeRootIno, "never.pt", false));
+  Op(Rename(kVolumeRootIno, "c.pt", kVolumeRootIno, "b.pt"));  // b's contents replaced
+  auto open = Op([&] {
+                rpc::VolumeOpRequest r;
+                r.mutable_open_write()->set_ino(c.ino());
+                r.mutable_open_write()->set_node("n1");
+                return r;
+              }())
+                  .inode();
+  const auto c2 = Op(Commit(open, "n1", 40, {"n1"})).inode();  // c's contents replaced
+  auto d = discarded();
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d["a.pt"].file_id(), a.file_id());
+  EXPECT_EQ(d["a.pt"].size(), 10u);
+  EXPECT_EQ(d["a.pt"].origin_file_ino(), 101u);
+  EXPECT_EQ(d["a.pt"].origin_mtime_ns(), 707);
+  EXPECT_EQ(d["b.pt"].file_id(), b.file_id());
+  EXPECT_EQ(d["c.pt"].origin_file_ino(), 103u);
+  EXPECT_EQ(c2.persisted_path(), "");
+
+  // An upload that ends after its file was removed, or after it was replaced: what it put in
+  // the origin is listed too, the file's record is not touched.
+  EXPECT_EQ(persist(never, "never.pt", 104).ino(), 0u);
+  rpc::VolumeInode stale = c2;
+  stale.set_file_id(c.file_id());
+  EXPECT_EQ(persist(stale, "b.pt.old", 105).state(), rpc::VolumeInode::REPLICATED);
+  d = discarded();
+  EXPECT_EQ(d.size(), 4u);
+  EXPECT_EQ(d["never.pt"].origin_file_ino(), 104u);
+  EXPECT_EQ(d["never.pt"].holders_size(), 1);  // the node that uploaded it deletes it
+  if (d["never.pt"].holders_size() == 1) EXPECT_EQ(d["never.pt"].holders(0), "n2");
+  EXPECT_EQ(d["b.pt.old"].file_id(), c.file_id());  // the copy moved: one record per contents
+  EXPECT_EQ(d.count("c.pt"), 0u);
+
+  // Deleted there: forgotten, also across a restart.
+  rpc::VolumeOpRequest del;
+  del.mutable_origin_deleted()->set_file_id(a.file_id());
+  Op(del);
+  Reload();
+  d = discarded();
+  EXPECT_EQ(d.size(), 3u);
+  EXPECT_EQ(d.count("a.pt"), 0u);
 }
 
 TEST_F(VolumesTest, ARenameOfADirectoryMovesItsWholeTreeAtOnce) {

@@ -15,9 +15,11 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/testing.h"
 
@@ -358,6 +360,74 @@ TEST_F(VolumeTest, FilesReachTheOriginFollowRenamesThereAndRestoreFromItWithoutA
   bad[kMiB / 2] ^= 1;
   testing::WriteFile(dir_.Sub("upload/u.pt"), bad);
   EXPECT_EQ(Load(B("u.pt")), absl::StrCat("<errno ", EIO, ">"));
+}
+
+// The origin's files, relative to it (regular files only, hidden temp names included).
+std::set<std::string> OriginFiles(const std::string& root) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (auto& e : fs::recursive_directory_iterator(root, ec)) {
+    if (e.is_regular_file()) out.insert(fs::relative(e.path(), root).string());
+  }
+  return out;
+}
+
+TEST_F(VolumeTest, RemovalsAndReplacementsAreCarriedToTheOriginWithoutTouchingOtherFiles) {
+  const std::string up = dir_.Sub("upload");
+  auto origin_settles = [&](const std::set<std::string>& want) {
+    for (int i = 0; i < 300; ++i) {
+      auto r = Ember({"volume", "status", "ckpt", "--json"});
+      if (r.exit_code == 0 && json::parse(r.out)["origin_deletions_waiting"].empty() &&
+          OriginFiles(up) == want) {
+        return true;
+      }
+      usleep(100'000);
+    }
+    return false;
+  };
+  // Rotation as trainers do it: keep the last step, remove the one before.
+  const std::string s1 = Random(kMiB + 7, 41), s2 = Random(2 * kMiB, 42);
+  for (const char* d : {"run", "run/step_1", "run/step_2"}) ASSERT_EQ(mkdir(A(d).c_str(), 0755), 0);
+  ASSERT_EQ(Save(A("run/step_1/r0.pt"), s1), 0);
+  ASSERT_EQ(Save(A("run/step_1/r1.pt"), s1), 0);
+  ASSERT_EQ(Save(B("run/step_2/r0.pt"), s2), 0);  // written and uploaded by the other node
+  ASSERT_TRUE(WaitFor("run/step_1/r1.pt", "persisted", "run/step_1/r1.pt"));
+  ASSERT_TRUE(WaitFor("run/step_2/r0.pt", "persisted", "run/step_2/r0.pt"));
+  ASSERT_TRUE(fs::remove_all(A("run/step_1")) == 3u);
+  ASSERT_TRUE(origin_settles({"run/step_2/r0.pt"})) << absl::StrJoin(OriginFiles(up), " ");
+  EXPECT_FALSE(fs::exists(up + "/run/step_1"));  // the directory it left empty too
+  EXPECT_TRUE(testing::ReadFile(up + "/run/step_2/r0.pt") == s2);
+
+  // `latest` replaced by a rename over it, then rewritten in place: the origin ends with the
+  // last contents under that name and nothing else.
+  const std::string v1 = Random(kMiB, 43), v2 = Random(kMiB + 3, 44), v3 = Random(3000, 45);
+  ASSERT_EQ(Save(A("latest.pt"), v1), 0);
+  ASSERT_TRUE(WaitFor("latest.pt", "persisted", "latest.pt"));
+  ASSERT_EQ(Save(B("latest.pt.tmp"), v2), 0);
+  ASSERT_EQ(rename(B("latest.pt.tmp").c_str(), B("latest.pt").c_str()), 0);
+  ASSERT_TRUE(WaitFor("latest.pt", "persisted", "latest.pt"));
+  ASSERT_TRUE(origin_settles({"run/step_2/r0.pt", "latest.pt"}));
+  EXPECT_TRUE(testing::ReadFile(up + "/latest.pt") == v2);
+  ASSERT_EQ(Save(A("latest.pt"), v3), 0);
+  ASSERT_TRUE(WaitFor("latest.pt", "persisted", "latest.pt"));
+  ASSERT_TRUE(origin_settles({"run/step_2/r0.pt", "latest.pt"}));
+  EXPECT_TRUE(testing::ReadFile(up + "/latest.pt") == v3);
+
+  // A file someone else put at a removed file's path meanwhile (the origin away while the
+  // removal waited) is not deleted: only the copy the upload made is.
+  ASSERT_EQ(Save(A("mine.pt"), v1), 0);
+  ASSERT_TRUE(WaitFor("mine.pt", "persisted", "mine.pt"));
+  ASSERT_TRUE(origin_settles({"run/step_2/r0.pt", "latest.pt", "mine.pt"}));
+  ASSERT_EQ(rename(up.c_str(), dir_.Sub("away").c_str()), 0);
+  ASSERT_EQ(unlink(A("mine.pt").c_str()), 0);
+  sleep(3);
+  auto r = Ember({"volume", "status", "ckpt"});
+  EXPECT_NE(r.out.find("1 copy(ies) of removed or replaced files waiting"), std::string::npos)
+      << r.out;
+  testing::WriteFile(dir_.Sub("away/mine.pt"), "theirs");
+  ASSERT_EQ(rename(dir_.Sub("away").c_str(), up.c_str()), 0);
+  ASSERT_TRUE(origin_settles({"run/step_2/r0.pt", "latest.pt", "mine.pt"}));
+  EXPECT_EQ(testing::ReadFile(up + "/mine.pt"), "theirs");
 }
 
 TEST_F(VolumeTest, AFullVolumeSpaceNeverDropsUnuploadedFilesWritersWaitThenGetEnospc) {

@@ -129,6 +129,11 @@ void AddVolumeCommand(CLI::App& app) {
         json j = VolumeJson(r->volume());
         j["files"] = files;
         j["bytes_unpersisted"] = r->bytes_unpersisted();
+        json gone = json::array();  // removed or replaced files' copies still in the origin
+        for (const auto& g : r->discarded()) {
+          gone.push_back({{"origin_path", g.persisted_path()}, {"size", g.size()}});
+        }
+        j["origin_deletions_waiting"] = gone;
         std::cout << j.dump(2) << "\n";
         return;
       }
@@ -140,7 +145,12 @@ void AddVolumeCommand(CLI::App& app) {
       PrintTable(rows);
       std::cout << "\n"
                 << r->files_size() << " file(s), " << FormatBytes(r->bytes_unpersisted())
-                << " waiting to upload to " << r->volume().origin() << "\n";
+                << " waiting to upload to " << r->volume().origin();
+      if (r->discarded_size() > 0) {
+        std::cout << "; " << r->discarded_size()
+                  << " copy(ies) of removed or replaced files waiting to be deleted there";
+      }
+      std::cout << "\n";
     });
   }
 

@@ -121,6 +121,13 @@ absl::StatusOr<int> VolumeUploader::Pass() {
   std::map<std::string, bool> alive;
   for (const auto& n : nodes) alive[n.id()] = n.state() == rpc::Node::ALIVE;
   alive[node_id_] = true;
+  std::string first_alive;
+  for (const auto& [id, up] : alive) {
+    if (up) {
+      first_alive = id;
+      break;
+    }
+  }
   // Contents sealed before this (less a margin for clocks of seconds) and named by no file in
   // the listings below are garbage; anything sealed later may be a commit in progress.
   const absl::Time sealed_before = absl::Now() - absl::Minutes(2);
@@ -155,10 +162,38 @@ absl::StatusOr<int> VolumeUploader::Pass() {
         }
       }
     }
-    if (mine.empty()) continue;
+    // Copies in the origin of files removed or replaced since: the first live node that held
+    // them deletes them (any live node when none is left).
+    std::vector<const rpc::VolumeInode*> deletes;
+    for (const rpc::VolumeInode& g : st->discarded()) {
+      std::string by = first_alive;
+      for (const auto& h : g.holders()) {
+        if (alive[h]) {
+          by = h;
+          break;
+        }
+      }
+      if (by == node_id_) deletes.push_back(&g);
+    }
+    if (mine.empty() && deletes.empty()) continue;
     if (absl::Status r = Reachable(vol); !r.ok()) {
       spdlog::warn("volume {}: uploads wait: {}", vol.name(), std::string(r.message()));
       continue;
+    }
+    for (const rpc::VolumeInode* g : deletes) {
+      absl::Status s = DeleteDiscarded(vol, *g);
+      if (s.ok()) {
+        rpc::VolumeOpRequest req;
+        req.set_volume(vol.name());
+        req.mutable_origin_deleted()->set_file_id(g->file_id());
+        s = meta_->VolumeOp(req).status();
+      }
+      if (!s.ok()) {
+        spdlog::warn("volume {}: the copy of a removed file at '{}' not deleted yet: {}",
+                     vol.name(), g->persisted_path(), std::string(s.message()));
+        continue;
+      }
+      ++done;
     }
     // Moves first (renamed since their upload), then uploads, so that the paths moves free are
     // free for the uploads of the same pass.
@@ -175,17 +210,22 @@ absl::StatusOr<int> VolumeUploader::Pass() {
         }
         absl::Status s = MakeParents(vol, to);
         bool uploaded = false;
+        OriginCopy copy;
         if (s.ok() && persisted) {
-          s = Move(vol, *f, to);
+          s = Move(vol, *f, to, &copy);
           if (absl::IsNotFound(s)) {  // the origin lost it: put it there again
-            s = Upload(vol, *f, to);
+            s = Upload(vol, *f, to, &copy);
             uploaded = true;
           }
         } else if (s.ok()) {
-          s = Upload(vol, *f, to);
+          s = Upload(vol, *f, to, &copy);
           uploaded = true;
         }
-        if (s.ok()) s = MarkPersisted(vol, *f, to);
+        if (s.ok()) s = MarkPersisted(vol, *f, to, copy);
+        if (CarriedErrno(s) == ENOENT) {  // removed meanwhile: meta lists the copy to delete
+          spdlog::debug("volume {}: '{}' was removed while it was uploaded", vol.name(), path);
+          continue;
+        }
         if (!s.ok()) {
           spdlog::warn("volume {}: '{}' not {} yet: {}", vol.name(), path,
                        uploaded ? "uploaded" : "moved in the origin", std::string(s.message()));
@@ -205,25 +245,56 @@ absl::StatusOr<int> VolumeUploader::Pass() {
 }
 
 absl::Status VolumeUploader::Move(const rpc::Volume& vol, const rpc::VolumeInode& n,
-                                  const std::string& to_rel) {
+                                  const std::string& to_rel, OriginCopy* copy) {
   const std::string from = absl::StrCat(vol.origin(), "/", n.persisted_path());
   const std::string to = absl::StrCat(vol.origin(), "/", to_rel);
+  struct stat st;
   if (rename(from.c_str(), to.c_str()) == 0) {
     // The old directory, now empty (a step.tmp/ renamed whole): best effort.
     (void)rmdir(Parent(from).c_str());
+    if (lstat(to.c_str(), &st) != 0) return Errno("cannot stat", to);
+    *copy = OriginCopy::Of(st);
     return SyncPath(Parent(to));
   }
   if (errno != ENOENT) return Errno("cannot rename", from);
   // Moved by a pass that could not tell meta (it died, or meta did not answer)?
-  struct stat st;
-  if (stat(to.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == n.size()) {
+  if (lstat(to.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == n.size() &&
+      (n.origin_file_ino() == 0 || OriginCopy::Of(st).ino == n.origin_file_ino())) {
+    *copy = OriginCopy::Of(st);
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("'", from, "' is gone"));
 }
 
+absl::Status VolumeUploader::DeleteDiscarded(const rpc::Volume& vol, const rpc::VolumeInode& g) {
+  const std::string path = absl::StrCat(vol.origin(), "/", g.persisted_path());
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? absl::OkStatus() : Errno("cannot stat", path);
+  }
+  const OriginCopy there = OriginCopy::Of(st);
+  if (g.origin_file_ino() == 0) {  // which file it was is not known: it stays
+    spdlog::info("volume {}: '{}' is kept in the origin (uploaded before copies were recorded)",
+                 vol.name(), path);
+    return absl::OkStatus();
+  }
+  if (!S_ISREG(st.st_mode) || there.ino != g.origin_file_ino() ||
+      there.mtime_ns != g.origin_mtime_ns() || there.size != g.size()) {
+    // Another file's copy was put there since (a later save of the same name): not ours.
+    return absl::OkStatus();
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) return Errno("cannot delete", path);
+  std::string dir = Parent(g.persisted_path());
+  RETURN_IF_ERROR(SyncPath(dir.empty() ? vol.origin() : absl::StrCat(vol.origin(), "/", dir)));
+  // Directories left empty (a whole step/ removed), up to the origin's own: best effort.
+  for (; !dir.empty(); dir = Parent(dir)) {
+    if (rmdir(absl::StrCat(vol.origin(), "/", dir).c_str()) != 0) break;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VolumeUploader::Upload(const rpc::Volume& vol, const rpc::VolumeInode& n,
-                                    const std::string& path) {
+                                    const std::string& path, OriginCopy* copy) {
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> w = store_->Open(vol.id(), n.file_id());
   if (!w.ok()) return w.status();  // not here (dropped as corrupt): another holder's turn later
   const VolumeStore::Whole& whole = **w;
@@ -251,6 +322,9 @@ absl::Status VolumeUploader::Upload(const rpc::Volume& vol, const rpc::VolumeIno
     if (!PwriteFull(fd, off, buf.get(), len)) return Errno("cannot write", tmp);
   }
   if (fdatasync(fd) != 0) return Errno("cannot sync", tmp);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno("cannot stat", tmp);
+  *copy = OriginCopy::Of(st);  // a rename keeps both
   close(fd);
   fd = -1;
   if (rename(tmp.c_str(), to.c_str()) != 0) return Errno("cannot rename", tmp);
@@ -259,12 +333,16 @@ absl::Status VolumeUploader::Upload(const rpc::Volume& vol, const rpc::VolumeIno
 }
 
 absl::Status VolumeUploader::MarkPersisted(const rpc::Volume& vol, const rpc::VolumeInode& n,
-                                           const std::string& path) {
+                                           const std::string& path, const OriginCopy& copy) {
   rpc::VolumeOpRequest req;
   req.set_volume(vol.name());
   req.mutable_persisted()->set_ino(n.ino());
   req.mutable_persisted()->set_file_id(n.file_id());
   req.mutable_persisted()->set_path(path);
+  req.mutable_persisted()->set_origin_file_ino(copy.ino);
+  req.mutable_persisted()->set_origin_mtime_ns(copy.mtime_ns);
+  req.mutable_persisted()->set_size(copy.size);
+  req.mutable_persisted()->set_node(node_id_);
   return meta_->VolumeOp(req).status();
 }
 

@@ -18,13 +18,21 @@
 // a replica being copied for a commit), uploads pause between blocks, for at most kYieldAtMost
 // from when they began waiting (a file held open for hours does not stop write-back), and not
 // while a writer waits for volume space (which uploads make).
+//   discarded       (meta's list: files unlinked, renamed over or rewritten since their upload,
+//                   and uploads that ended after their file was removed) the copy is deleted
+//                   from the origin, by the first live node that held it (the first live node
+//                   when none is left), and only if the file at that path is still that copy
+//                   (inode, mtime and size as recorded at `persisted`): a later save put there
+//                   is never deleted. Directories that leaves empty go too.
 // The origin's own directory must exist: a missing one (a shared file system not mounted) is
-// "origin unreachable", retried on the next pass, never created here. Not carried to the origin
-// (yet): unlinks, and contents a later commit replaced (the origin keeps the last upload).
+// "origin unreachable", retried on the next pass, never created here.
 //
 // Thread-safe; one thread of its own.
 #pragma once
 
+#include <sys/stat.h>
+
+#include <cstdint>
 #include <string>
 #include <thread>
 
@@ -56,13 +64,31 @@ class VolumeUploader {
   void Loop();
   // Waits while there is foreground work (see above).
   void Yield() ABSL_LOCKS_EXCLUDED(mu_);
+  // Which file in the origin a copy is (meta records it at `persisted`).
+  struct OriginCopy {
+    uint64_t ino = 0;
+    int64_t mtime_ns = 0;
+    uint64_t size = 0;
+    static OriginCopy Of(const struct stat& st) {
+      return {static_cast<uint64_t>(st.st_ino),
+              static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+              static_cast<uint64_t>(st.st_size)};
+    }
+  };
   // Copies whole contents `w` of `n` to ORIGIN/path (temp + rename, synced).
-  absl::Status Upload(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& path);
+  absl::Status Upload(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& path,
+                      OriginCopy* copy);
   // Renames the origin's copy of `n` (at its persisted_path) to `to_rel`. Returns: Ok (also when
   // a pass before did it without telling meta); NotFound when the copy is gone; Unavailable.
-  absl::Status Move(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& to_rel);
+  absl::Status Move(const rpc::Volume& vol, const rpc::VolumeInode& n, const std::string& to_rel,
+                    OriginCopy* copy);
+  // Deletes the origin's copy of discarded contents `g` if the file at its path is still that
+  // copy (inode, mtime, size), and the directories that leaves empty. Returns: Ok (also when
+  // nothing was there, or another file is); Unavailable.
+  absl::Status DeleteDiscarded(const rpc::Volume& vol, const rpc::VolumeInode& g);
+  // Returns: Ok; ENOENT (ErrnoStatus) when the file was removed meanwhile; meta's error.
   absl::Status MarkPersisted(const rpc::Volume& vol, const rpc::VolumeInode& n,
-                             const std::string& path);
+                             const std::string& path, const OriginCopy& copy);
 
   meta::MetaClient* const meta_;
   VolumeStore* const store_;
