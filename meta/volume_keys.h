@@ -89,8 +89,7 @@ inline void Discard(MetaStore::VolumeChange* c, uint32_t vol, const rpc::VolumeI
   *g.mutable_holders() = n.holders();
   g.set_state(rpc::VolumeInode::PERSISTED);
   g.set_persisted_path(n.persisted_path());
-  g.set_origin_file_ino(n.origin_file_ino());
-  g.set_origin_mtime_ns(n.origin_mtime_ns());
+  g.set_origin_copy(n.origin_copy());
   c->put.emplace_back(GarbageKey(vol, n.file_id()), g.SerializeAsString());
 }
 

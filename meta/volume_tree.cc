@@ -146,8 +146,7 @@ absl::Status VolumeCatalog::Persisted(const rpc::Volume& vol, const rpc::VolumeP
       gone.set_size(op.size());
       gone.set_state(rpc::VolumeInode::PERSISTED);
       gone.set_persisted_path(op.path());
-      gone.set_origin_file_ino(op.origin_file_ino());
-      gone.set_origin_mtime_ns(op.origin_mtime_ns());
+      gone.set_origin_copy(op.origin_copy());
       if (!op.node().empty()) gone.add_holders(op.node());
       MetaStore::VolumeChange c;
       Discard(&c, vol.id(), gone);
@@ -155,12 +154,10 @@ absl::Status VolumeCatalog::Persisted(const rpc::Volume& vol, const rpc::VolumeP
     }
     if (!n.ok()) return n.status();
   } else if (n->state() != rpc::VolumeInode::PERSISTED || n->persisted_path() != op.path() ||
-             n->origin_file_ino() != op.origin_file_ino() ||
-             n->origin_mtime_ns() != op.origin_mtime_ns()) {
+             n->origin_copy() != op.origin_copy()) {
     n->set_state(rpc::VolumeInode::PERSISTED);
     n->set_persisted_path(op.path());
-    n->set_origin_file_ino(op.origin_file_ino());
-    n->set_origin_mtime_ns(op.origin_mtime_ns());
+    n->set_origin_copy(op.origin_copy());
     MetaStore::VolumeChange c;
     Put(&c, vol.id(), *n);
     RETURN_IF_ERROR(store_->ApplyVolumeChange(c));

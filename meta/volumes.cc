@@ -8,10 +8,12 @@
 #include <chrono>
 #include <deque>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "meta/volume_keys.h"
+#include "origin/writable.h"
 
 namespace ember::meta {
 using volume_keys::CheckName;
@@ -61,18 +63,29 @@ absl::Status VolumeCatalog::Load() {
 
 absl::StatusOr<rpc::Volume> VolumeCatalog::Add(const rpc::AddVolumeRequest& req) {
   RETURN_IF_ERROR(ValidateDatasetName(req.name()));
-  const std::string& origin = req.origin();
-  struct stat st;
-  if (origin.empty() || origin[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("origin '", origin, "' must be an absolute directory path"));
-  }
-  if (stat(origin.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("origin '", origin, "' is not a directory meta can see"));
-  }
-  if (access(origin.c_str(), W_OK) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("origin '", origin, "' is not writable"));
+  std::string origin = req.origin();
+  if (absl::StartsWith(origin, "s3://")) {  // a bucket prefix: it must answer us
+    while (origin.size() > 5 && origin.back() == '/') origin.pop_back();
+    absl::StatusOr<std::unique_ptr<origin::WritableOrigin>> bucket =
+        origin::OpenWritableOrigin(origin);
+    absl::Status answers = bucket.ok() ? (*bucket)->Reachable() : bucket.status();
+    if (!answers.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("origin '", origin, "' cannot be used: ", answers.message()));
+    }
+  } else {
+    struct stat st;
+    if (origin.empty() || origin[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "origin '", origin, "' must be an absolute directory path or s3://bucket/prefix"));
+    }
+    if (stat(origin.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("origin '", origin, "' is not a directory meta can see"));
+    }
+    if (access(origin.c_str(), W_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("origin '", origin, "' is not writable"));
+    }
   }
   const uint32_t replicas = req.replicas() == 0 ? 1 : req.replicas();
   if (replicas > kMaxReplicas) {

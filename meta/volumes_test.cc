@@ -311,13 +311,12 @@ TEST_F(VolumesTest, ACommitRecordsChecksumsAndReplacesTheContentsWhole) {
 
 TEST_F(VolumesTest, OriginCopiesOfRemovedOrReplacedContentsAreListedUntilDeletedThere) {
   AddVolume("ckpt", 1);
-  auto persist = [&](const rpc::VolumeInode& n, const std::string& path, uint64_t origin_ino) {
+  auto persist = [&](const rpc::VolumeInode& n, const std::string& path, const std::string& copy) {
     rpc::VolumeOpRequest up;
     up.mutable_persisted()->set_ino(n.ino());
     up.mutable_persisted()->set_file_id(n.file_id());
     up.mutable_persisted()->set_path(path);
-    up.mutable_persisted()->set_origin_file_ino(origin_ino);
-    up.mutable_persisted()->set_origin_mtime_ns(static_cast<int64_t>(origin_ino) * 7);
+    up.mutable_persisted()->set_origin_copy(copy);
     up.mutable_persisted()->set_size(n.size());
     up.mutable_persisted()->set_node("n2");
     int err = 0;
@@ -337,9 +336,9 @@ TEST_F(VolumesTest, OriginCopiesOfRemovedOrReplacedContentsAreListedUntilDeleted
     return Op(Commit(f, "n1", size, {"n1"})).inode();
   };
   const auto a = save("a.pt", 10), b = save("b.pt", 20), c = save("c.pt", 30);
-  EXPECT_EQ(persist(a, "a.pt", 101).origin_file_ino(), 101u);
-  persist(b, "b.pt", 102);
-  persist(c, "c.pt", 103);
+  EXPECT_EQ(persist(a, "a.pt", "101:7").origin_copy(), "101:7");
+  persist(b, "b.pt", "102:7");
+  persist(c, "c.pt", "103:7");
   const auto never = save("never.pt", 5);  // not uploaded: nothing to delete when removed
   EXPECT_TRUE(discarded().empty());
 
@@ -358,21 +357,20 @@ TEST_F(VolumesTest, OriginCopiesOfRemovedOrReplacedContentsAreListedUntilDeleted
   ASSERT_EQ(d.size(), 3u);
   EXPECT_EQ(d["a.pt"].file_id(), a.file_id());
   EXPECT_EQ(d["a.pt"].size(), 10u);
-  EXPECT_EQ(d["a.pt"].origin_file_ino(), 101u);
-  EXPECT_EQ(d["a.pt"].origin_mtime_ns(), 707);
+  EXPECT_EQ(d["a.pt"].origin_copy(), "101:7");
   EXPECT_EQ(d["b.pt"].file_id(), b.file_id());
-  EXPECT_EQ(d["c.pt"].origin_file_ino(), 103u);
+  EXPECT_EQ(d["c.pt"].origin_copy(), "103:7");
   EXPECT_EQ(c2.persisted_path(), "");
 
   // An upload that ends after its file was removed, or after it was replaced: what it put in
   // the origin is listed too, the file's record is not touched.
-  EXPECT_EQ(persist(never, "never.pt", 104).ino(), 0u);
+  EXPECT_EQ(persist(never, "never.pt", "104:7").ino(), 0u);
   rpc::VolumeInode stale = c2;
   stale.set_file_id(c.file_id());
-  EXPECT_EQ(persist(stale, "b.pt.old", 105).state(), rpc::VolumeInode::REPLICATED);
+  EXPECT_EQ(persist(stale, "b.pt.old", "105:7").state(), rpc::VolumeInode::REPLICATED);
   d = discarded();
   EXPECT_EQ(d.size(), 4u);
-  EXPECT_EQ(d["never.pt"].origin_file_ino(), 104u);
+  EXPECT_EQ(d["never.pt"].origin_copy(), "104:7");
   EXPECT_EQ(d["never.pt"].holders_size(), 1);  // the node that uploaded it deletes it
   if (d["never.pt"].holders_size() == 1) EXPECT_EQ(d["never.pt"].holders(0), "n2");
   EXPECT_EQ(d["b.pt.old"].file_id(), c.file_id());  // the copy moved: one record per contents

@@ -137,6 +137,17 @@ absl::StatusOr<HttpResponse> HttpClient::Once(const HttpRequest& req) {
   }
   curl_slist* headers = nullptr;
   for (const auto& h : req.headers) headers = curl_slist_append(headers, h.c_str());
+  if (req.method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (req.method != "GET") {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+    if (req.method == "PUT" || req.method == "POST") {
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS, req.body.data());
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+      headers = curl_slist_append(headers, "Content-Type: application/octet-stream");
+      headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
+    }
+  }
   std::string userpwd, sigv4;
   if (req.sigv4 != nullptr) {
     sigv4 = absl::StrCat("aws:amz:", req.sigv4->region, ":s3");

@@ -1,8 +1,9 @@
-// HttpClient: GETs for remote origins (S3, HTTP) over libcurl, with what a cache needs from
-// them: ranged reads into the caller's buffer, AWS Signature V4, a per-origin concurrency limit,
-// retries with backoff on 5xx / timeouts / connection errors (never on 4xx), and a stall timeout
-// so a server that stops sending costs seconds, not a hung reader. Thread-safe; each thread
-// keeps its own connection (keep-alive) per client.
+// HttpClient: requests to remote origins (S3, HTTP) over libcurl: GETs for reads, and the PUT /
+// POST / DELETE / HEAD a volume's write-back to S3 sends; with what a cache needs from them: ranged
+// reads into the caller's buffer, AWS Signature V4, a per-origin concurrency limit, retries with
+// backoff on 5xx / timeouts / connection errors (never on 4xx), and a stall timeout so a server
+// that stops sending costs seconds, not a hung reader. Thread-safe; each thread keeps its own
+// connection (keep-alive) per client.
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <semaphore>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,12 +25,14 @@ struct AwsCredentials {
 };
 
 struct HttpRequest {
+  std::string method = "GET";  // GET, HEAD, PUT, POST, DELETE
   std::string url;
   std::vector<std::string> headers;                    // "Name: value"
   std::optional<std::pair<uint64_t, uint64_t>> range;  // [first, last] bytes
   const AwsCredentials* sigv4 = nullptr;               // sign for service "s3"
-  char* into = nullptr;  // body goes here (exactly into_len bytes) ...
-  size_t into_len = 0;   // ... else into HttpResponse::body
+  char* into = nullptr;   // body goes here (exactly into_len bytes) ...
+  size_t into_len = 0;    // ... else into HttpResponse::body
+  std::string_view body;  // PUT, POST: what is sent (must outlive the call)
 };
 
 struct HttpResponse {
@@ -50,6 +54,7 @@ class HttpClient {
   explicit HttpClient(const Options& options);
   ~HttpClient();
 
+  // Sends `req` (any method: retried as a GET is, so only requests that may be sent twice).
   // Returns the response for any HTTP status (callers judge 4xx); Unavailable /
   // DeadlineExceeded when every attempt failed to get one (naming the URL).
   absl::StatusOr<HttpResponse> Get(const HttpRequest& req);

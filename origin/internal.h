@@ -74,6 +74,14 @@ class RemoteOrigin : public Origin {
   virtual absl::Status ListObjects(const EntryFn& fn) = 0;
 };
 
+// Where an s3:// URI points: `prefix` is "" or ends in '/'; `endpoint` (from EMBER_S3_ENDPOINT,
+// AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, no trailing slash) "" means AWS.
+struct S3Location {
+  std::string bucket, prefix, endpoint;
+};
+// Returns: the location; InvalidArgument (not s3://, no bucket).
+absl::StatusOr<S3Location> ParseS3Uri(const std::string& uri);
+
 // `prefix` is "" or ends in '/'; `endpoint` "" means AWS (virtual-hosted addressing).
 std::unique_ptr<Origin> NewS3Origin(std::string bucket, std::string prefix, std::string endpoint,
                                     AwsCredentials creds);

@@ -4,7 +4,8 @@
 // prefix `s3://bucket/prefix`, a static HTTP server `http(s)://host/path/` serving nginx's JSON
 // directory index); for each, the walk of its tree (what meta builds manifests from) and ranged
 // reads (what nodes fill their caches from); the router that picks the origin of a dataset root;
-// the HTTP client remote origins speak through (origin/http_client.h).
+// the HTTP client remote origins speak through (origin/http_client.h); and the origins a
+// writable volume is written back to, a directory or an S3 prefix (origin/writable.h).
 // Must not touch: meta (file ids, manifests, fingerprints: meta numbers what a walk yields),
 // cachefs (caching, FUSE), protobuf messages. Depends on common/ only.
 //

@@ -281,23 +281,32 @@ absl::StatusOr<WalkStats> WalkObjects(std::vector<OriginEntry> objects, const En
   return WalkStats{};
 }
 
+absl::StatusOr<S3Location> ParseS3Uri(const std::string& uri) {
+  if (!absl::StartsWith(uri, "s3://")) {
+    return absl::InvalidArgumentError(absl::StrCat("'", uri, "' is not an s3:// URI"));
+  }
+  S3Location at;
+  std::string rest = uri.substr(5);
+  size_t slash = rest.find('/');
+  at.bucket = rest.substr(0, slash);
+  at.prefix = slash == std::string::npos ? "" : rest.substr(slash + 1);
+  if (at.bucket.empty())
+    return absl::InvalidArgumentError(absl::StrCat("'", uri, "' names no bucket"));
+  while (!at.prefix.empty() && at.prefix.back() == '/') at.prefix.pop_back();
+  if (!at.prefix.empty()) at.prefix += '/';
+  at.endpoint = Env("EMBER_S3_ENDPOINT");
+  if (at.endpoint.empty()) at.endpoint = Env("AWS_ENDPOINT_URL_S3");
+  if (at.endpoint.empty()) at.endpoint = Env("AWS_ENDPOINT_URL");
+  while (!at.endpoint.empty() && at.endpoint.back() == '/') at.endpoint.pop_back();
+  return at;
+}
+
 absl::StatusOr<std::unique_ptr<Origin>> OpenRemoteOrigin(const std::string& uri) {
   if (absl::StartsWith(uri, "s3://")) {
-    std::string rest = uri.substr(5);
-    size_t slash = rest.find('/');
-    std::string bucket = rest.substr(0, slash);
-    std::string prefix = slash == std::string::npos ? "" : rest.substr(slash + 1);
-    if (bucket.empty())
-      return absl::InvalidArgumentError(absl::StrCat("'", uri, "' names no bucket"));
-    while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
-    if (!prefix.empty()) prefix += '/';
+    ASSIGN_OR_RETURN(S3Location at, ParseS3Uri(uri));
     auto creds = LoadAwsCredentials();
     if (!creds.ok()) return creds.status();
-    std::string endpoint = Env("EMBER_S3_ENDPOINT");
-    if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL_S3");
-    if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL");
-    while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-    return NewS3Origin(bucket, prefix, endpoint, *creds);
+    return NewS3Origin(at.bucket, at.prefix, at.endpoint, *creds);
   }
   if (absl::StartsWith(uri, "http://") || absl::StartsWith(uri, "https://")) {
     std::string base = uri;

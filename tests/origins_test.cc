@@ -205,6 +205,81 @@ TEST_F(S3Test, WrongCredentialsMissingChangedAndStalledFailClearly) {
   close(fd);
 }
 
+// A checkpoint volume whose origin is a bucket prefix: files are uploaded (a large one in parts),
+// renames and removals reach the bucket, and a node restores from it when no holder is left.
+TEST_F(S3Test, AVolumeWritesBackToABucketAndRestoresFromIt) {
+  MetaProcess meta(dir_.Sub("meta"));
+  auto ember = [&](std::vector<std::string> args) {
+    args.push_back("--meta");
+    args.push_back(meta.address());
+    return RunEmber(args);
+  };
+  auto r = ember({"volume", "add", "bad", "s3://no-such-bucket/ckpt"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no-such-bucket"), std::string::npos) << r.err;
+  r = ember({"volume", "add", "ckpt", "s3://bkt/ckpt/"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto start = [&](const std::string& id, int host) {
+    NodeProcess::Options o;
+    o.id = id;
+    o.listen_host = absl::StrCat("127.0.0.", host);
+    auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta.address(), o);
+    return n->Start() ? std::move(n) : nullptr;
+  };
+  auto a = start("n1", 61), b = start("n2", 62);
+  ASSERT_TRUE(a && b);
+  // The bucket's object at `key` ("<missing>" when it is not there).
+  auto object = [&](const std::string& key) {
+    const std::string to = dir_.Sub("got");
+    fs::remove(to);
+    const int rc = testing::RunShell(
+        "curl -sf -o " + to +
+        " -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' --aws-sigv4 aws:amz:us-east-1:s3 --user "
+        "S3RVER:S3RVER http://" +
+        endpoint_ + "/bkt/ckpt/" + key);
+    return rc == 0 ? ReadFile(to) : std::string("<missing>");
+  };
+  auto persisted_at = [&](const std::string& path, const std::string& where) {
+    return WaitFor(
+        [&] {
+          auto st = ember({"volume", "status", "ckpt", "--json"});
+          if (st.exit_code != 0) return false;
+          const nlohmann::json all = nlohmann::json::parse(st.out);
+          for (const auto& f : all["files"]) {
+            if (f["path"] == path) return f["state"] == "persisted" && f["origin_path"] == where;
+          }
+          return false;
+        },
+        std::chrono::seconds(60));
+  };
+  const std::string big = dir_.Sub("big"), small = dir_.Sub("small");
+  WriteRandomFile(big, (37 << 20) + 11, 7);  // 3 parts of 16 MiB
+  WriteRandomFile(small, (1 << 20) + 5, 8);
+  const std::string vol = a->mount() + "/ckpt";
+  ASSERT_EQ(mkdir((vol + "/step.tmp").c_str(), 0755), 0);
+  fs::copy_file(big, vol + "/step.tmp/r0.pt");
+  fs::copy_file(small, vol + "/step.tmp/r1.pt");
+  ASSERT_TRUE(persisted_at("step.tmp/r0.pt", "step.tmp/r0.pt")) << a->Log();
+  ASSERT_TRUE(persisted_at("step.tmp/r1.pt", "step.tmp/r1.pt"));
+  EXPECT_TRUE(object("step.tmp/r0.pt") == ReadFile(big));
+  EXPECT_TRUE(object("step.tmp/r1.pt") == ReadFile(small));
+
+  // The save's rename and a removal reach the bucket.
+  ASSERT_EQ(rename((vol + "/step.tmp").c_str(), (vol + "/step").c_str()), 0);
+  ASSERT_TRUE(persisted_at("step/r0.pt", "step/r0.pt"));
+  ASSERT_TRUE(persisted_at("step/r1.pt", "step/r1.pt"));
+  EXPECT_TRUE(object("step/r0.pt") == ReadFile(big));
+  EXPECT_EQ(object("step.tmp/r0.pt"), "<missing>");
+  EXPECT_EQ(object("step.tmp/r1.pt"), "<missing>");
+  ASSERT_EQ(unlink((vol + "/step/r1.pt").c_str()), 0);
+  EXPECT_TRUE(
+      WaitFor([&] { return object("step/r1.pt") == "<missing>"; }, std::chrono::seconds(30)));
+
+  // The only holder gone: the other node reads the file from the bucket, checked.
+  a->Kill(SIGKILL);
+  EXPECT_TRUE(ReadFile(b->mount() + "/ckpt/step/r0.pt") == ReadFile(big));
+}
+
 TEST(HttpOriginTest, NginxDirectoryIndexThroughTheMount) {
   std::string nginx = fs::exists("/usr/sbin/nginx") ? "/usr/sbin/nginx" : "";
   if (nginx.empty()) GTEST_SKIP() << "nginx not installed (Debian package nginx-light)";

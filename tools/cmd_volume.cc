@@ -49,7 +49,9 @@ void AddVolumeCommand(CLI::App& app) {
     auto replicas = std::make_shared<uint32_t>(1);
     auto block = std::make_shared<std::string>();
     c->add_option("NAME", *name, "Volume name (shown as /MOUNT/NAME on every node)")->required();
-    c->add_option("ORIGIN", *origin, "Absolute directory path files are uploaded to")->required();
+    c->add_option("ORIGIN", *origin,
+                  "Where files are uploaded: an absolute directory path, or s3://bucket/prefix")
+        ->required();
     c->add_option("--replicas", *replicas,
                   "Nodes to hold a file before its fsync or close returns (1-8; default 1). Copies "
                   "to other nodes are not built yet: files stay on their writer ('local')");

@@ -16,6 +16,7 @@
 #include "cachefs/volume/volume_fs.h"
 #include "common/file_io.h"
 #include "common/status.h"
+#include "origin/writable.h"
 
 namespace ember::cachefs {
 namespace {
@@ -83,7 +84,8 @@ absl::StatusOr<VolumeFs::CopyPlan> VolumeFs::PlanCopy(uint32_t vol, const rpc::V
     if (v.id() == vol) origin = v.origin();
   }
   if (n.state() == rpc::VolumeInode::PERSISTED && !n.persisted_path().empty() && !origin.empty()) {
-    plan.origin_path = absl::StrCat(origin, "/", n.persisted_path());
+    plan.origin = origin;
+    plan.origin_path = n.persisted_path();
   }
   if (plan.peers.empty() && plan.origin_path.empty()) {
     return ErrnoStatus(
@@ -108,41 +110,34 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
   // No holder could give them: the origin's copy, if they were uploaded.
   if (plan.origin_path.empty()) return st;
   if (!plan.peers.empty() && restart) restart();  // the holders' attempt's file was dropped
-  const std::string& path = plan.origin_path;
-  if (access(path.c_str(), R_OK) != 0) {
-    return ErrnoStatus(EIO, absl::StrCat(st.message(), "; and the origin's copy '", path,
-                                         "' cannot be opened: ", strerror(errno)));
-  }
+  const std::string where = absl::StrCat(plan.origin, "/", plan.origin_path);
   auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums,
-                             FromOrigin(path, block_size), false, written);
+                             FromOrigin(plan.origin, plan.origin_path, block_size), false, written);
   if (!whole.ok()) {
     spdlog::warn("volume: contents of '{}' could not be read from the origin '{}': {}", n.name(),
-                 path, std::string(whole.status().message()));
-    return ErrnoStatus(EIO, std::string(whole.status().message()));
+                 where, std::string(whole.status().message()));
+    return ErrnoStatus(EIO, absl::StrCat(st.message(), "; and the origin's copy '", where,
+                                         "': ", whole.status().message()));
   }
   return whole;
 }
 
-VolumeStore::BatchReader VolumeFs::FromOrigin(std::string path, uint64_t block_size) {
+VolumeStore::BatchReader VolumeFs::FromOrigin(std::string origin, std::string path,
+                                              uint64_t block_size) {
   if (path.empty()) return nullptr;
-  return [path = std::move(path),
+  return [origin = std::move(origin), path = std::move(path),
           block_size](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
     if (pieces.empty()) return absl::OkStatus();
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot open the origin's copy '", path, "': ", strerror(errno)));
-    }
-    absl::Status st;
+    ASSIGN_OR_RETURN(std::shared_ptr<origin::WritableOrigin> from,
+                     origin::SharedWritableOrigin(origin));
     for (const auto& p : pieces) {
-      if (!PreadFull(fd, p.index * block_size, p.len, p.buf)) {
-        st = absl::UnavailableError(absl::StrCat("cannot read the origin's copy '", path, "': ",
-                                                 errno == 0 ? "short file" : strerror(errno)));
-        break;
+      absl::Status st = from->Read(path, p.index * block_size, p.len, p.buf);
+      if (!st.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot read the origin's copy '", origin, "/",
+                                                   path, "': ", st.message()));
       }
     }
-    close(fd);
-    return st;
+    return absl::OkStatus();
   };
 }
 

@@ -367,7 +367,8 @@ absl::StatusOr<std::unique_ptr<FileSystem::FileHandle>> VolumeFs::Open(uint64_t 
               {absl::StrCat("node ", peer), FromPeers(at.vol_id, n.file_id(), {peer})});
         }
         if (!plan.origin_path.empty()) {
-          sources.push_back({"the origin", FromOrigin(plan.origin_path, r.block_size())});
+          sources.push_back(
+              {"the origin", FromOrigin(plan.origin, plan.origin_path, r.block_size())});
         }
         f->stream_ = std::make_unique<VolumeStream>(n.name(), n.file_id(), n.size(), r.block_size(),
                                                     plan.sums, std::move(sources));

@@ -131,7 +131,8 @@ class VolumeFs {
   struct CopyPlan {
     std::vector<uint64_t> sums;
     std::vector<std::string> peers;  // addresses
-    std::string origin_path;         // "" when not persisted
+    std::string origin;              // the volume's origin (a directory or s3://)
+    std::string origin_path;         // the copy there, relative to it; "" when not persisted
   };
   absl::StatusOr<CopyPlan> PlanCopy(uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size);
   // Copies by `plan`: from the holders, else the origin. `written(i)`: block i is checked and
@@ -154,8 +155,9 @@ class VolumeFs {
   absl::StatusOr<std::shared_ptr<Copy>> StartCopy(uint32_t vol, const rpc::VolumeInode& n,
                                                   uint64_t block_size, CopyPlan plan)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Reads blocks from the origin's copy at `path` (opened per batch); empty for "".
-  static VolumeStore::BatchReader FromOrigin(std::string path, uint64_t block_size);
+  // Reads blocks from the origin's copy at `origin`/`path`; empty for "".
+  static VolumeStore::BatchReader FromOrigin(std::string origin, std::string path,
+                                             uint64_t block_size);
   absl::StatusOr<std::string> PeerAddress(const std::string& node_id);
   // Reads blocks of contents `file_id` from `peers`, each piece from the first that has it.
   VolumeStore::BatchReader FromPeers(uint32_t vol, uint64_t file_id,

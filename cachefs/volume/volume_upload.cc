@@ -1,61 +1,26 @@
 #include "cachefs/volume/volume_upload.h"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
 #include "common/ids.h"
 #include "common/status.h"
+#include "origin/writable.h"
 
 namespace ember::cachefs {
 namespace {
 
 constexpr auto kPassEvery = std::chrono::seconds(2);
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(absl::StrCat(what, " '", path, "': ", strerror(errno)));
-}
-
-std::string Parent(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "" : path.substr(0, slash);
-}
-
-// The origin's own directory, which this never creates. Returns: Ok; Unavailable.
-absl::Status Reachable(const rpc::Volume& vol) {
-  struct stat st;
-  if (stat(vol.origin().c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::UnavailableError(
-        absl::StrCat("origin '", vol.origin(), "' of volume ", vol.name(), " is unreachable"));
-  }
-  return absl::OkStatus();
-}
-
-// Directories under the origin leading to `rel` (relative path of a file).
-absl::Status MakeParents(const rpc::Volume& vol, const std::string& rel) {
-  const std::string parent = Parent(rel);
-  if (parent.empty()) return absl::OkStatus();
-  std::error_code ec;
-  std::filesystem::create_directories(absl::StrCat(vol.origin(), "/", parent), ec);
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot make '", vol.origin(), "/", parent, "': ", ec.message()));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -176,12 +141,22 @@ absl::StatusOr<int> VolumeUploader::Pass() {
       if (by == node_id_) deletes.push_back(&g);
     }
     if (mine.empty() && deletes.empty()) continue;
-    if (absl::Status r = Reachable(vol); !r.ok()) {
-      spdlog::warn("volume {}: uploads wait: {}", vol.name(), std::string(r.message()));
+    absl::StatusOr<std::shared_ptr<origin::WritableOrigin>> opened =
+        origin::SharedWritableOrigin(vol.origin());
+    absl::Status reachable = opened.ok() ? (*opened)->Reachable() : opened.status();
+    if (!reachable.ok()) {
+      spdlog::warn("volume {}: uploads wait: {}", vol.name(), std::string(reachable.message()));
       continue;
     }
+    origin::WritableOrigin& to_origin = **opened;
     for (const rpc::VolumeInode* g : deletes) {
-      absl::Status s = DeleteDiscarded(vol, *g);
+      absl::Status s = absl::OkStatus();
+      if (g->origin_copy().empty()) {  // which file it was is not known: it stays
+        spdlog::info("volume {}: '{}' is kept in the origin (uploaded before copies were named)",
+                     vol.name(), g->persisted_path());
+      } else {
+        s = to_origin.DeleteIf(g->persisted_path(), {g->origin_copy(), g->size()});
+      }
       if (s.ok()) {
         rpc::VolumeOpRequest req;
         req.set_volume(vol.name());
@@ -208,20 +183,27 @@ absl::StatusOr<int> VolumeUploader::Pass() {
           if (!persisted) continue;  // its holder moves it away first (this pass or the next)
           to = absl::StrCat(".ember-moving-", f->file_id());  // a swap: through a free name
         }
-        absl::Status s = MakeParents(vol, to);
-        bool uploaded = false;
-        OriginCopy copy;
-        if (s.ok() && persisted) {
-          s = Move(vol, *f, to, &copy);
-          if (absl::IsNotFound(s)) {  // the origin lost it: put it there again
-            s = Upload(vol, *f, to, &copy);
-            uploaded = true;
-          }
-        } else if (s.ok()) {
-          s = Upload(vol, *f, to, &copy);
+        bool uploaded = !persisted;
+        absl::StatusOr<origin::OriginCopy> copy =
+            persisted ? Move(to_origin, *f, to) : Upload(to_origin, vol, *f, to);
+        if (persisted &&
+            (absl::IsNotFound(copy.status()) || absl::IsUnimplemented(copy.status()))) {
+          // The origin lost it (put it there again), or cannot move it (put it at the new path,
+          // then delete the old).
+          const bool old_there = absl::IsUnimplemented(copy.status());
+          copy = Upload(to_origin, vol, *f, to);
           uploaded = true;
+          if (copy.ok() && old_there) {
+            if (absl::Status d =
+                    to_origin.DeleteIf(f->persisted_path(), {f->origin_copy(), f->size()});
+                !d.ok()) {
+              spdlog::warn("volume {}: the old copy at '{}' stays: {}", vol.name(),
+                           f->persisted_path(), std::string(d.message()));
+            }
+          }
         }
-        if (s.ok()) s = MarkPersisted(vol, *f, to, copy);
+        absl::Status s = copy.status();
+        if (s.ok()) s = MarkPersisted(vol, *f, to, *copy);
         if (CarriedErrno(s) == ENOENT) {  // removed meanwhile: meta lists the copy to delete
           spdlog::debug("volume {}: '{}' was removed while it was uploaded", vol.name(), path);
           continue;
@@ -244,103 +226,53 @@ absl::StatusOr<int> VolumeUploader::Pass() {
   return done;
 }
 
-absl::Status VolumeUploader::Move(const rpc::Volume& vol, const rpc::VolumeInode& n,
-                                  const std::string& to_rel, OriginCopy* copy) {
-  const std::string from = absl::StrCat(vol.origin(), "/", n.persisted_path());
-  const std::string to = absl::StrCat(vol.origin(), "/", to_rel);
-  struct stat st;
-  if (rename(from.c_str(), to.c_str()) == 0) {
-    // The old directory, now empty (a step.tmp/ renamed whole): best effort.
-    (void)rmdir(Parent(from).c_str());
-    if (lstat(to.c_str(), &st) != 0) return Errno("cannot stat", to);
-    *copy = OriginCopy::Of(st);
-    return SyncPath(Parent(to));
-  }
-  if (errno != ENOENT) return Errno("cannot rename", from);
+absl::StatusOr<origin::OriginCopy> VolumeUploader::Move(origin::WritableOrigin& to_origin,
+                                                        const rpc::VolumeInode& n,
+                                                        const std::string& to) {
+  absl::StatusOr<origin::OriginCopy> moved = to_origin.Move(n.persisted_path(), to);
+  if (!absl::IsNotFound(moved.status())) return moved;
   // Moved by a pass that could not tell meta (it died, or meta did not answer)?
-  if (lstat(to.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == n.size() &&
-      (n.origin_file_ino() == 0 || OriginCopy::Of(st).ino == n.origin_file_ino())) {
-    *copy = OriginCopy::Of(st);
-    return absl::OkStatus();
+  absl::StatusOr<origin::OriginCopy> there = to_origin.Stat(to);
+  if (there.ok() && there->size == n.size() &&
+      (n.origin_copy().empty() || there->id == n.origin_copy())) {
+    return there;
   }
-  return absl::NotFoundError(absl::StrCat("'", from, "' is gone"));
+  return moved;
 }
 
-absl::Status VolumeUploader::DeleteDiscarded(const rpc::Volume& vol, const rpc::VolumeInode& g) {
-  const std::string path = absl::StrCat(vol.origin(), "/", g.persisted_path());
-  struct stat st;
-  if (lstat(path.c_str(), &st) != 0) {
-    return errno == ENOENT ? absl::OkStatus() : Errno("cannot stat", path);
-  }
-  const OriginCopy there = OriginCopy::Of(st);
-  if (g.origin_file_ino() == 0) {  // which file it was is not known: it stays
-    spdlog::info("volume {}: '{}' is kept in the origin (uploaded before copies were recorded)",
-                 vol.name(), path);
-    return absl::OkStatus();
-  }
-  if (!S_ISREG(st.st_mode) || there.ino != g.origin_file_ino() ||
-      there.mtime_ns != g.origin_mtime_ns() || there.size != g.size()) {
-    // Another file's copy was put there since (a later save of the same name): not ours.
-    return absl::OkStatus();
-  }
-  if (unlink(path.c_str()) != 0 && errno != ENOENT) return Errno("cannot delete", path);
-  std::string dir = Parent(g.persisted_path());
-  RETURN_IF_ERROR(SyncPath(dir.empty() ? vol.origin() : absl::StrCat(vol.origin(), "/", dir)));
-  // Directories left empty (a whole step/ removed), up to the origin's own: best effort.
-  for (; !dir.empty(); dir = Parent(dir)) {
-    if (rmdir(absl::StrCat(vol.origin(), "/", dir).c_str()) != 0) break;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status VolumeUploader::Upload(const rpc::Volume& vol, const rpc::VolumeInode& n,
-                                    const std::string& path, OriginCopy* copy) {
+absl::StatusOr<origin::OriginCopy> VolumeUploader::Upload(origin::WritableOrigin& to_origin,
+                                                          const rpc::Volume& vol,
+                                                          const rpc::VolumeInode& n,
+                                                          const std::string& path) {
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> w = store_->Open(vol.id(), n.file_id());
   if (!w.ok()) return w.status();  // not here (dropped as corrupt): another holder's turn later
   const VolumeStore::Whole& whole = **w;
-  const std::string to = absl::StrCat(vol.origin(), "/", path);
-  const std::string dir = Parent(to);
-  const std::string tmp =
-      absl::StrCat(dir, "/.", to.substr(dir.size() + 1), ".ember-", n.file_id(), ".tmp");
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", tmp);
-  absl::Cleanup drop = [&] {
-    if (fd >= 0) close(fd);
-    unlink(tmp.c_str());
-  };
-  std::unique_ptr<char[]> buf(new char[whole.block_size]);
-  for (uint64_t i = 0; i * whole.block_size < whole.size; ++i) {
-    const uint64_t off = i * whole.block_size;
-    const size_t len = static_cast<size_t>(std::min(whole.block_size, whole.size - off));
-    Yield();
-    if (!PreadFull(whole.fd, off, len, buf.get())) return Errno("cannot read", "volume copy");
-    if (BlockChecksum(buf.get(), len) != whole.sums[i]) {
-      // Never upload bytes that are not what was committed: drop the copy (CheckBlock).
-      absl::Status bad = store_->CheckBlock(whole, vol.id(), n.file_id(), i);
-      return bad.ok() ? absl::DataLossError("a block changed while it was read") : bad;
-    }
-    if (!PwriteFull(fd, off, buf.get(), len)) return Errno("cannot write", tmp);
-  }
-  if (fdatasync(fd) != 0) return Errno("cannot sync", tmp);
-  struct stat st;
-  if (fstat(fd, &st) != 0) return Errno("cannot stat", tmp);
-  *copy = OriginCopy::Of(st);  // a rename keeps both
-  close(fd);
-  fd = -1;
-  if (rename(tmp.c_str(), to.c_str()) != 0) return Errno("cannot rename", tmp);
-  std::move(drop).Cancel();
-  return SyncPath(dir);
+  return to_origin.Put(
+      path, whole.size, whole.block_size, [&](uint64_t off, size_t len, char* buf) -> absl::Status {
+        const uint64_t i = off / whole.block_size;
+        Yield();
+        if (!PreadFull(whole.fd, off, len, buf)) {
+          return absl::UnavailableError(absl::StrCat("cannot read the volume copy: ",
+                                                     errno == 0 ? "short" : strerror(errno)));
+        }
+        if (BlockChecksum(buf, len) != whole.sums[i]) {
+          // Never upload bytes that are not what was committed: drop the copy (CheckBlock).
+          absl::Status bad = store_->CheckBlock(whole, vol.id(), n.file_id(), i);
+          return bad.ok() ? absl::DataLossError("a block changed while it was read") : bad;
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::Status VolumeUploader::MarkPersisted(const rpc::Volume& vol, const rpc::VolumeInode& n,
-                                           const std::string& path, const OriginCopy& copy) {
+                                           const std::string& path,
+                                           const origin::OriginCopy& copy) {
   rpc::VolumeOpRequest req;
   req.set_volume(vol.name());
   req.mutable_persisted()->set_ino(n.ino());
   req.mutable_persisted()->set_file_id(n.file_id());
   req.mutable_persisted()->set_path(path);
-  req.mutable_persisted()->set_origin_file_ino(copy.ino);
-  req.mutable_persisted()->set_origin_mtime_ns(copy.mtime_ns);
+  req.mutable_persisted()->set_origin_copy(copy.id);
   req.mutable_persisted()->set_size(copy.size);
   req.mutable_persisted()->set_node(node_id_);
   return meta_->VolumeOp(req).status();
