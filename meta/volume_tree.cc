@@ -150,6 +150,14 @@ absl::Status VolumeCatalog::Persisted(const rpc::Volume& vol, const rpc::VolumeP
       if (!op.node().empty()) gone.add_holders(op.node());
       MetaStore::VolumeChange c;
       Discard(&c, vol.id(), gone);
+      if (n.ok() && n->state() == rpc::VolumeInode::PERSISTED && n->persisted_path() == op.path()) {
+        // That late upload went where the file's own copy is, maybe over it: the file is
+        // uploaded again (after the deletion: uploads wait for it).
+        n->set_state(volume_keys::StateFor(vol, static_cast<size_t>(n->holders_size())));
+        n->clear_persisted_path();
+        n->clear_origin_copy();
+        Put(&c, vol.id(), *n);
+      }
       RETURN_IF_ERROR(store_->ApplyVolumeChange(c));
     }
     if (!n.ok()) return n.status();

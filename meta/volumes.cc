@@ -411,6 +411,7 @@ absl::Status VolumeCatalog::Commit(rpc::Volume* vol, const rpc::VolumeCommit& op
   n.set_generation(n.generation() + 1);
   *n.mutable_holders() = op.holders();
   n.clear_persisted_path();  // the new contents are not in the origin yet
+  n.clear_origin_copy();
   n.set_state(op.size() == 0 ? rpc::VolumeInode::REPLICATED
                              : StateFor(*vol, static_cast<size_t>(op.holders_size())));
   if (op.keep_lease()) {

@@ -10,8 +10,9 @@
 // address always means the same bytes. Contents a change leaves behind (a commit replaced them,
 // an unlink or a rename over the file removed them) are dropped from caches by their holders
 // (nothing names them any more); when they were persisted, their copy in the origin is recorded
-// as discarded (with which file there it is: st_ino, st_mtim) until a node's uploader deletes it
-// there and says so (VolumeOriginDeleted).
+// as discarded (with which file there it is: origin_copy) until a node's uploader deletes it
+// there and says so (VolumeOriginDeleted). A late upload of contents a file no longer has is
+// recorded the same way; if it went where the file's own copy is, the file is uploaded again.
 //
 // One writer per file: the write lease (kLeaseMs, renewed by the writer's OpenWrite). Another
 // node's OpenWrite while the lease lives gets EBUSY; a commit without the lease gets EIO.

@@ -376,6 +376,25 @@ TEST_F(VolumesTest, OriginCopiesOfRemovedOrReplacedContentsAreListedUntilDeleted
   EXPECT_EQ(d["b.pt.old"].file_id(), c.file_id());  // the copy moved: one record per contents
   EXPECT_EQ(d.count("c.pt"), 0u);
 
+  // A late upload of older contents to where the file's own copy is: the file is uploaded
+  // again (its copy may be gone under the late one).
+  const auto e1 = save("e.pt", 10);
+  rpc::VolumeOpRequest reopen;
+  reopen.mutable_open_write()->set_ino(e1.ino());
+  reopen.mutable_open_write()->set_node("n1");
+  const auto e2 = Op(Commit(Op(reopen).inode(), "n1", 11, {"n1"})).inode();
+  EXPECT_EQ(persist(e2, "e.pt", "e2").state(), rpc::VolumeInode::PERSISTED);
+  rpc::VolumeInode late = e2;
+  late.set_file_id(e1.file_id());
+  const auto demoted = persist(late, "e.pt", "e1");
+  EXPECT_EQ(demoted.state(), rpc::VolumeInode::REPLICATED);
+  EXPECT_EQ(demoted.persisted_path(), "");
+  EXPECT_EQ(demoted.file_id(), e2.file_id());
+  EXPECT_EQ(discarded()["e.pt"].origin_copy(), "e1");
+  rpc::VolumeOpRequest forget;
+  forget.mutable_origin_deleted()->set_file_id(e1.file_id());
+  Op(forget);
+
   // Deleted there: forgotten, also across a restart.
   rpc::VolumeOpRequest del;
   del.mutable_origin_deleted()->set_file_id(a.file_id());

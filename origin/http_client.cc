@@ -101,7 +101,7 @@ absl::StatusOr<HttpResponse> HttpClient::Get(const HttpRequest& req) {
   auto backoff = options_.backoff;
   for (int attempt = 0; attempt <= options_.retries; attempt++) {
     r = Once(req);
-    bool retry = !r.ok() || r->status >= 500;
+    bool retry = req.idempotent && (!r.ok() || r->status >= 500);
     if (!retry || attempt == options_.retries) break;
     std::this_thread::sleep_for(backoff);
     backoff *= 2;
@@ -142,10 +142,11 @@ absl::StatusOr<HttpResponse> HttpClient::Once(const HttpRequest& req) {
   } else if (req.method != "GET") {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
     if (req.method == "PUT" || req.method == "POST") {
-      curl_easy_setopt(c, CURLOPT_POSTFIELDS, req.body.data());
+      // Never NULL: that would make curl read the body from stdin.
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS, req.body.empty() ? "" : req.body.data());
       curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+      // (No "Expect:" to skip 100-continue: curl before 8.3 would sign a header it never sends.)
       headers = curl_slist_append(headers, "Content-Type: application/octet-stream");
-      headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
     }
   }
   std::string userpwd, sigv4;

@@ -30,9 +30,10 @@ struct HttpRequest {
   std::vector<std::string> headers;                    // "Name: value"
   std::optional<std::pair<uint64_t, uint64_t>> range;  // [first, last] bytes
   const AwsCredentials* sigv4 = nullptr;               // sign for service "s3"
-  char* into = nullptr;   // body goes here (exactly into_len bytes) ...
-  size_t into_len = 0;    // ... else into HttpResponse::body
-  std::string_view body;  // PUT, POST: what is sent (must outlive the call)
+  char* into = nullptr;    // body goes here (exactly into_len bytes) ...
+  size_t into_len = 0;     // ... else into HttpResponse::body
+  std::string_view body;   // PUT, POST: what is sent (must outlive the call)
+  bool idempotent = true;  // false: sent once (a retry could do it twice: S3's multipart POSTs)
 };
 
 struct HttpResponse {
@@ -54,7 +55,7 @@ class HttpClient {
   explicit HttpClient(const Options& options);
   ~HttpClient();
 
-  // Sends `req` (any method: retried as a GET is, so only requests that may be sent twice).
+  // Sends `req` (any method; retried as a GET is unless `idempotent` is false).
   // Returns the response for any HTTP status (callers judge 4xx); Unavailable /
   // DeadlineExceeded when every attempt failed to get one (naming the URL).
   absl::StatusOr<HttpResponse> Get(const HttpRequest& req);

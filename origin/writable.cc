@@ -13,11 +13,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/file_io.h"
 #include "common/status.h"
 #include "origin/http_client.h"
@@ -165,6 +168,15 @@ class DirOrigin final : public WritableOrigin {
 constexpr uint64_t kPartMin = 16ull << 20;
 constexpr uint64_t kMaxParts = 10'000;
 constexpr uint64_t kCopyMax = 5ull << 30;
+constexpr char kCopyHeader[] = "x-amz-meta-ember-copy";
+
+// A name no other put has: time, process, a counter and randomness.
+std::string NewCopyId() {
+  static std::atomic<uint64_t> serial{0};
+  static const uint64_t seed = std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
+  return absl::StrCat(absl::Hex(absl::GetCurrentTimeNanos()), "-", getpid(), "-",
+                      serial.fetch_add(1), "-", absl::Hex(seed));
+}
 
 class S3WritableOrigin final : public WritableOrigin {
  public:
@@ -194,16 +206,24 @@ class S3WritableOrigin final : public WritableOrigin {
       }
       return absl::OkStatus();
     };
+    // The copy's identity: an ETag is the contents' MD5 (the same bytes saved again would look
+    // like the old copy), so each put names itself in metadata, which a copy keeps.
+    const std::string id = NewCopyId();
+    const std::string id_header = absl::StrCat(kCopyHeader, ": ", id);
     if (size <= part) {
       RETURN_IF_ERROR(gather(0, size));
       HttpRequest req = Request("PUT", rel);
+      req.headers.push_back(id_header);
       req.body = buf;
-      ASSIGN_OR_RETURN(HttpResponse r, Send(req, rel));
-      return OriginCopy{Header(r, "etag"), size};
+      RETURN_IF_ERROR(Send(req, rel).status());
+      return OriginCopy{id, size};
     }
-    // Multipart: create, parts in order, complete; abandoned uploads are aborted.
+    // Multipart: create, parts in order, complete; abandoned uploads are aborted. Create and
+    // complete are sent once (a retry could start a second upload, or complete one twice).
     HttpRequest create = Request("POST", rel);
-    create.url += "?uploads";
+    create.url += "?uploads=";  // with '=': curl before 8.5 signs a bare "?uploads" wrongly
+    create.headers.push_back(id_header);
+    create.idempotent = false;
     ASSIGN_OR_RETURN(HttpResponse created, Send(create, rel));
     std::string upload;
     size_t pos = 0;
@@ -230,6 +250,7 @@ class S3WritableOrigin final : public WritableOrigin {
     HttpRequest done = Request("POST", rel);
     done.url += "?" + query;
     done.body = complete;
+    done.idempotent = false;
     ASSIGN_OR_RETURN(HttpResponse r, Send(done, rel));
     std::string etag;
     pos = 0;
@@ -237,7 +258,7 @@ class S3WritableOrigin final : public WritableOrigin {
       return HttpError(HttpResponse{500, {}, r.body, 0}, Name(rel));
     }
     std::move(abort).Cancel();
-    return OriginCopy{etag, size};
+    return OriginCopy{id, size};
   }
 
   absl::StatusOr<OriginCopy> Stat(const std::string& rel) override {
@@ -246,7 +267,9 @@ class S3WritableOrigin final : public WritableOrigin {
     if (!absl::SimpleAtoi(Header(r, "content-length"), &size)) {
       return absl::UnavailableError(absl::StrCat(Name(rel), ": no Content-Length"));
     }
-    return OriginCopy{Header(r, "etag"), size};
+    // Objects put by something else carry no identity of ours: their ETag stands in.
+    const std::string id = Header(r, kCopyHeader);
+    return OriginCopy{id.empty() ? Header(r, "etag") : id, size};
   }
 
   absl::StatusOr<OriginCopy> Move(const std::string& from, const std::string& to) override {
@@ -257,15 +280,18 @@ class S3WritableOrigin final : public WritableOrigin {
     HttpRequest copy = Request("PUT", to);
     copy.headers.push_back(
         absl::StrCat("x-amz-copy-source: /", at_.bucket, "/", UrlEncode(at_.prefix + from, true)));
-    copy.headers.push_back(absl::StrCat("x-amz-copy-source-if-match: ", was.id));
-    ASSIGN_OR_RETURN(HttpResponse r, Send(copy, to));
+    ASSIGN_OR_RETURN(HttpResponse r, Send(copy, to));  // the metadata (identity) comes along
     std::string etag;
     size_t pos = 0;
     if (!XmlNext(r.body, "ETag", &pos, &etag)) {
       return HttpError(HttpResponse{500, {}, r.body, 0}, Name(to));
     }
+    ASSIGN_OR_RETURN(OriginCopy moved, Stat(to));
+    if (moved.id != was.id || moved.size != was.size) {  // replaced at `from` meanwhile
+      return absl::UnavailableError(absl::StrCat(Name(from), " changed while it was moved"));
+    }
     RETURN_IF_ERROR(DeleteIf(from, was));
-    return OriginCopy{etag, was.size};
+    return moved;
   }
 
   absl::Status DeleteIf(const std::string& rel, const OriginCopy& copy) override {

@@ -3,9 +3,12 @@
 // uploader puts files there with, moves them with (a rename carried), deletes them with (an
 // unlink carried), and what a node restores a file from when no node holds it.
 //
-// Each file put there has an identity (OriginCopy::id): a directory's "st_ino:st_mtim" of the file
-// the put made (a rename keeps both), an S3 object's ETag (a copy gets its own). Deletions name
-// the identity, so a file someone put at that path since is not deleted.
+// Each file put there has an identity (OriginCopy::id) no other put has: a directory's
+// "st_ino:st_mtim" of the file the put made (a rename keeps both), an S3 object's
+// x-amz-meta-ember-copy (a name made at the put; a server-side copy keeps it; objects put by
+// something else: their ETag). Deletions name the identity, so a file someone put at that path
+// since is not deleted (but a put that lands between the check and the delete can be: callers
+// keep puts away from paths with a deletion pending).
 //
 // Paths are relative to the origin, "/"-separated. Thread-safe.
 #pragma once
@@ -45,8 +48,8 @@ class WritableOrigin {
   // Returns: the file at `rel`; NotFound; Unavailable.
   virtual absl::StatusOr<OriginCopy> Stat(const std::string& rel) = 0;
 
-  // Moves the file at `from` to `to` (over what is there). Returns: the moved copy (S3: a new
-  // ETag); NotFound when `from` is gone; Unimplemented when this origin cannot move it (an S3
+  // Moves the file at `from` to `to` (over what is there). Returns: the moved copy (the same
+  // identity); NotFound when `from` is gone; Unimplemented when this origin cannot move it (an S3
   // object over 5 GiB: put it again); Unavailable.
   virtual absl::StatusOr<OriginCopy> Move(const std::string& from, const std::string& to) = 0;
 

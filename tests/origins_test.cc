@@ -275,6 +275,22 @@ TEST_F(S3Test, AVolumeWritesBackToABucketAndRestoresFromIt) {
   EXPECT_TRUE(
       WaitFor([&] { return object("step/r1.pt") == "<missing>"; }, std::chrono::seconds(30)));
 
+  // Saved again with the same bytes (the same MD5 ETag): the old copy's deletion never takes
+  // the new one.
+  fs::copy_file(small, vol + "/same.pt");
+  ASSERT_TRUE(persisted_at("same.pt", "same.pt"));
+  fs::copy_file(small, vol + "/same.pt", fs::copy_options::overwrite_existing);
+  ASSERT_TRUE(persisted_at("same.pt", "same.pt"));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto st = ember({"volume", "status", "ckpt", "--json"});
+        return st.exit_code == 0 &&
+               nlohmann::json::parse(st.out)["origin_deletions_waiting"].empty();
+      },
+      std::chrono::seconds(30)));
+  sleep(3);  // a pass more
+  EXPECT_TRUE(object("same.pt") == ReadFile(small));
+
   // The only holder gone: the other node reads the file from the bucket, checked.
   a->Kill(SIGKILL);
   EXPECT_TRUE(ReadFile(b->mount() + "/ckpt/step/r0.pt") == ReadFile(big));

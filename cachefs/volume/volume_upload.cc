@@ -149,6 +149,9 @@ absl::StatusOr<int> VolumeUploader::Pass() {
       continue;
     }
     origin::WritableOrigin& to_origin = **opened;
+    // No upload or move goes to a path whose deletion is pending (a put landing between the
+    // deletion's check and its delete would be lost): they wait for a pass after it.
+    std::set<uint64_t> deleted;
     for (const rpc::VolumeInode* g : deletes) {
       absl::Status s = absl::OkStatus();
       if (g->origin_copy().empty()) {  // which file it was is not known: it stays
@@ -168,7 +171,11 @@ absl::StatusOr<int> VolumeUploader::Pass() {
                      vol.name(), g->persisted_path(), std::string(s.message()));
         continue;
       }
+      deleted.insert(g->file_id());
       ++done;
+    }
+    for (const rpc::VolumeInode& g : st->discarded()) {
+      if (!deleted.contains(g.file_id())) occupied.emplace(g.persisted_path(), 0);
     }
     // Moves first (renamed since their upload), then uploads, so that the paths moves free are
     // free for the uploads of the same pass.

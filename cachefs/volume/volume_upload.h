@@ -21,8 +21,9 @@
 // and, of meta's list of discarded copies (files unlinked, renamed over or rewritten since their
 // upload, and uploads that ended after their file changed), deletes those whose first live
 // holder is this node (any live node's job, the first by id, when none is left), only if the
-// file at that path is still that copy: a later save put there is never deleted. Directories
-// that leaves empty go too.
+// file at that path is still that copy (a save put there since by something else stays), and
+// puts nothing at such a path while its deletion is pending. Directories that leaves empty go
+// too.
 // Write-back is background work: while this node has foreground work (a file open for writing,
 // a replica being copied for a commit), uploads pause between blocks, for at most kYieldAtMost
 // from when they began waiting (a file held open for hours does not stop write-back), and not
