@@ -79,18 +79,20 @@ inline void Put(MetaStore::VolumeChange* c, uint32_t vol, const rpc::VolumeInode
 // The contents a change leaves behind (unlinked, renamed over, replaced by a commit): their
 // holders drop them from their caches by themselves (nothing names them); a copy in the origin
 // is recorded here, for a node's uploader to delete there (VolumeStatusResponse.discarded).
+// An empty file has no contents id (file_id 0); its copy in the origin is recorded under this
+// one (contents ids come from a counter that never gets near it).
+inline uint64_t EmptyContentsId(uint64_t ino) { return (uint64_t{1} << 63) | ino; }
+
 inline void Discard(MetaStore::VolumeChange* c, uint32_t vol, const rpc::VolumeInode& n) {
-  if (n.file_id() == 0 || n.state() != rpc::VolumeInode::PERSISTED || n.persisted_path().empty()) {
-    return;
-  }
+  if (n.state() != rpc::VolumeInode::PERSISTED || n.persisted_path().empty()) return;
   rpc::VolumeInode g;
-  g.set_file_id(n.file_id());
+  g.set_file_id(n.file_id() != 0 ? n.file_id() : EmptyContentsId(n.ino()));
   g.set_size(n.size());
   *g.mutable_holders() = n.holders();
   g.set_state(rpc::VolumeInode::PERSISTED);
   g.set_persisted_path(n.persisted_path());
   g.set_origin_copy(n.origin_copy());
-  c->put.emplace_back(GarbageKey(vol, n.file_id()), g.SerializeAsString());
+  c->put.emplace_back(GarbageKey(vol, g.file_id()), g.SerializeAsString());
 }
 
 inline rpc::VolumeInode::State StateFor(const rpc::Volume& vol, size_t holders) {

@@ -137,12 +137,15 @@ absl::Status VolumeCatalog::Persisted(const rpc::Volume& vol, const rpc::VolumeP
                                       rpc::VolumeOpReply* reply) {
   absl::StatusOr<rpc::VolumeInode> n = Inode(vol.id(), op.ino());
   if (!n.ok() && CarriedErrno(n.status()) != ENOENT) return n.status();
-  if (!n.ok() || n->file_id() != op.file_id() || op.file_id() == 0) {
+  // An empty file (no contents id) is uploaded as an empty file.
+  const bool empty_file = n.ok() && op.file_id() == 0 && n->file_id() == 0 && n->size() == 0 &&
+                          !IsDir(*n) && n->state() != rpc::VolumeInode::EMPTY;
+  if (!n.ok() || n->file_id() != op.file_id() || (op.file_id() == 0 && !empty_file)) {
     // Removed or replaced while it was uploaded: what the upload put in the origin is discarded
     // contents, to be deleted there like those of an unlink.
-    if (op.file_id() != 0 && !op.path().empty()) {
+    if (!op.path().empty()) {
       rpc::VolumeInode gone;
-      gone.set_file_id(op.file_id());
+      gone.set_file_id(op.file_id() != 0 ? op.file_id() : volume_keys::EmptyContentsId(op.ino()));
       gone.set_size(op.size());
       gone.set_state(rpc::VolumeInode::PERSISTED);
       gone.set_persisted_path(op.path());

@@ -395,6 +395,16 @@ TEST_F(VolumesTest, OriginCopiesOfRemovedOrReplacedContentsAreListedUntilDeleted
   forget.mutable_origin_deleted()->set_file_id(e1.file_id());
   Op(forget);
 
+  // An empty file (no contents id) is uploaded too, and its removal is carried.
+  const auto empty = save("empty.flag", 0);
+  EXPECT_EQ(empty.file_id(), 0u);
+  EXPECT_EQ(persist(empty, "empty.flag", "z").state(), rpc::VolumeInode::PERSISTED);
+  Op(Remove(kVolumeRootIno, "empty.flag", false));
+  EXPECT_EQ(discarded()["empty.flag"].origin_copy(), "z");
+  forget.mutable_origin_deleted()->set_file_id(discarded()["empty.flag"].file_id());
+  Op(forget);
+  EXPECT_EQ(discarded().count("empty.flag"), 0u);
+
   // Deleted there: forgotten, also across a restart.
   rpc::VolumeOpRequest del;
   del.mutable_origin_deleted()->set_file_id(a.file_id());

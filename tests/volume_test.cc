@@ -428,6 +428,13 @@ TEST_F(VolumeTest, RemovalsAndReplacementsAreCarriedToTheOriginWithoutTouchingOt
   ASSERT_EQ(rename(dir_.Sub("away").c_str(), up.c_str()), 0);
   ASSERT_TRUE(origin_settles({"run/step_2/r0.pt", "latest.pt", "mine.pt"}));
   EXPECT_EQ(testing::ReadFile(up + "/mine.pt"), "theirs");
+
+  // An empty marker file reaches the origin, and its removal too.
+  ASSERT_EQ(Save(A("run/step_2/DONE"), ""), 0);
+  ASSERT_TRUE(origin_settles({"run/step_2/r0.pt", "latest.pt", "mine.pt", "run/step_2/DONE"}));
+  EXPECT_EQ(fs::file_size(up + "/run/step_2/DONE"), 0u);
+  ASSERT_EQ(unlink(A("run/step_2/DONE").c_str()), 0);
+  ASSERT_TRUE(origin_settles({"run/step_2/r0.pt", "latest.pt", "mine.pt"}));
 }
 
 TEST_F(VolumeTest, AFullVolumeSpaceNeverDropsUnuploadedFilesWritersWaitThenGetEnospc) {

@@ -117,7 +117,10 @@ absl::StatusOr<int> VolumeUploader::Pass() {
         live.insert({vol.id(), f.writing_file_id()});
         writing.insert({vol.id(), f.writing_file_id()});
       }
-      if (f.file_id() == 0) continue;
+      if (f.file_id() == 0) {  // an empty file (no contents to hold): the first live node puts it
+        if (f.state() != rpc::VolumeInode::EMPTY && first_alive == node_id_) mine.push_back(&f);
+        continue;
+      }
       live.insert({vol.id(), f.file_id()});
       if (f.state() == rpc::VolumeInode::PERSISTED) evictable.insert({vol.id(), f.file_id()});
       for (const auto& h : f.holders()) {  // the first live holder uploads
@@ -222,7 +225,7 @@ absl::StatusOr<int> VolumeUploader::Pass() {
         }
         if (persisted) occupied.erase(f->persisted_path());
         occupied[to] = f->ino();
-        evictable.insert({vol.id(), f->file_id()});
+        if (f->file_id() != 0) evictable.insert({vol.id(), f->file_id()});
         ++done;
       }
     }
@@ -251,6 +254,9 @@ absl::StatusOr<origin::OriginCopy> VolumeUploader::Upload(origin::WritableOrigin
                                                           const rpc::Volume& vol,
                                                           const rpc::VolumeInode& n,
                                                           const std::string& path) {
+  if (n.file_id() == 0) {  // empty
+    return to_origin.Put(path, 0, 1, [](uint64_t, size_t, char*) { return absl::OkStatus(); });
+  }
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> w = store_->Open(vol.id(), n.file_id());
   if (!w.ok()) return w.status();  // not here (dropped as corrupt): another holder's turn later
   const VolumeStore::Whole& whole = **w;

@@ -4,7 +4,8 @@
 // there the copy is).
 //
 // Who uploads a file: the first of its holders (meta's list, the writer first) that meta says is
-// alive, so that when the writer dies a node holding a replica finishes the upload. Each pass
+// alive, so that when the writer dies a node holding a replica finishes the upload (an empty
+// file, which no node holds: the first live node). Each pass
 // (every couple of seconds, or at once when nudged after a commit) asks meta for every volume's
 // files and, for those this node is to upload:
 //   not persisted   puts the contents at PATH, every block checked against its checksum on the
