@@ -1,5 +1,6 @@
 // VolumeCatalog's changes that move or remove entries, set attributes and upload state, and the
 // status walk (volumes.h).
+#include <algorithm>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
@@ -182,6 +183,25 @@ absl::Status VolumeCatalog::OriginDeleted(const rpc::Volume& vol,
   MetaStore::VolumeChange c;
   c.erase.push_back(GarbageKey(vol.id(), op.file_id()));
   return store_->ApplyVolumeChange(c);
+}
+
+absl::Status VolumeCatalog::Copying(const rpc::Volume& vol, const rpc::VolumeCopying& op,
+                                    rpc::VolumeOpReply* reply) {
+  ASSIGN_OR_RETURN(rpc::VolumeInode n, Inode(vol.id(), op.ino()));
+  if (n.file_id() == op.file_id() && op.file_id() != 0 && !op.node().empty()) {
+    const auto& out = op.unreachable();
+    const bool keep = n.copiers_size() > 0 && n.copiers(0) != op.node() &&
+                      std::find(out.begin(), out.end(), n.copiers(0)) == out.end();
+    if (!keep) {  // none, or one that failed: the caller reads the origin
+      n.clear_copiers();
+      n.add_copiers(op.node());
+      MetaStore::VolumeChange c;
+      Put(&c, vol.id(), n);
+      RETURN_IF_ERROR(store_->ApplyVolumeChange(c));
+    }
+  }
+  *reply->mutable_inode() = std::move(n);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<rpc::VolumeStatusResponse> VolumeCatalog::Status(const std::string& name) {

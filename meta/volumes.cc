@@ -286,6 +286,9 @@ absl::StatusOr<rpc::VolumeOpReply> VolumeCatalog::Apply(const rpc::VolumeOpReque
     case R::kOriginDeleted:
       st = OriginDeleted(*vol, req.origin_deleted());
       break;
+    case R::kCopying:
+      st = Copying(*vol, req.copying(), &reply);
+      break;
     default:
       st = absl::InvalidArgumentError("unknown volume operation");
   }
@@ -412,6 +415,7 @@ absl::Status VolumeCatalog::Commit(rpc::Volume* vol, const rpc::VolumeCommit& op
   *n.mutable_holders() = op.holders();
   n.clear_persisted_path();  // the new contents are not in the origin yet
   n.clear_origin_copy();
+  n.clear_copiers();
   n.set_state(op.size() == 0 ? rpc::VolumeInode::REPLICATED
                              : StateFor(*vol, static_cast<size_t>(op.holders_size())));
   if (op.keep_lease()) {

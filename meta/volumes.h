@@ -109,6 +109,8 @@ class VolumeCatalog {
                          rpc::VolumeOpReply* reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OriginDeleted(const rpc::Volume& vol, const rpc::VolumeOriginDeleted& op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Copying(const rpc::Volume& vol, const rpc::VolumeCopying& op,
+                       rpc::VolumeOpReply* reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `change` and then, if it wrote, the volume record in memory.
   absl::Status Write(MetaStore::VolumeChange* change, rpc::Volume* vol, const rpc::Volume& updated)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

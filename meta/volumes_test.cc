@@ -309,6 +309,43 @@ TEST_F(VolumesTest, ACommitRecordsChecksumsAndReplacesTheContentsWhole) {
   EXPECT_EQ(volumes_->Status("ckpt")->bytes_unpersisted(), 0u);
 }
 
+TEST_F(VolumesTest, OneNodeAtATimeCopiesContentsFromTheOriginForRestores) {
+  AddVolume("ckpt", 1);
+  const auto f = Op(Create(kVolumeRootIno, "s.pt", "n1")).inode();
+  const auto committed = Op(Commit(f, "n1", 3 << 20, {"n1"})).inode();
+  auto copying = [&](const std::string& node, uint64_t file_id,
+                     std::vector<std::string> unreachable = {}) {
+    rpc::VolumeOpRequest r;
+    r.mutable_copying()->set_ino(f.ino());
+    r.mutable_copying()->set_file_id(file_id);
+    r.mutable_copying()->set_node(node);
+    for (auto& u : unreachable) r.mutable_copying()->add_unreachable(u);
+    const auto n = Op(r).inode();
+    return std::vector<std::string>(n.copiers().begin(), n.copiers().end());
+  };
+  using V = std::vector<std::string>;
+  // The first asking reads the origin; the next ones copy from it.
+  EXPECT_EQ(copying("n2", committed.file_id()), V{"n2"});
+  EXPECT_EQ(copying("n3", committed.file_id()), V{"n2"});
+  // Kept across a restart of meta.
+  Reload();
+  EXPECT_EQ(copying("n4", committed.file_id()), V{"n2"});
+  // A copier another node could not copy from is replaced by that node; its own second ask
+  // (its copy failed) makes it read the origin again.
+  EXPECT_EQ(copying("n3", committed.file_id(), {"n2"}), V{"n3"});
+  EXPECT_EQ(copying("n3", committed.file_id()), V{"n3"});
+  EXPECT_EQ(copying("n2", committed.file_id()), V{"n3"});
+  // An ask about contents the file no longer has changes nothing (the reply shows the change).
+  EXPECT_EQ(copying("n5", committed.file_id() + 7), V{"n3"});
+  // A commit's new contents have no copier yet.
+  rpc::VolumeOpRequest reopen;
+  reopen.mutable_open_write()->set_ino(f.ino());
+  reopen.mutable_open_write()->set_node("n1");
+  const auto next = Op(Commit(Op(reopen).inode(), "n1", 10, {"n1"})).inode();
+  EXPECT_EQ(next.copiers_size(), 0);
+  EXPECT_EQ(copying("n3", next.file_id()), V{"n3"});
+}
+
 TEST_F(VolumesTest, OriginCopiesOfRemovedOrReplacedContentsAreListedUntilDeletedThere) {
   AddVolume("ckpt", 1);
   auto persist = [&](const rpc::VolumeInode& n, const std::string& path, const std::string& copy) {

@@ -28,7 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::HttpGet;
 using testing::MetaProcess;
+using testing::MetricSample;
 using testing::NodeProcess;
 using testing::RunEmber;
 using testing::TempDir;
@@ -111,10 +113,16 @@ class VolumeTest : public ::testing::Test {
     return RunEmber(args);
   }
 
-  std::unique_ptr<NodeProcess> Node(const std::string& id, int host) {
+  // `metrics`: set to the address its /metrics is served on.
+  std::unique_ptr<NodeProcess> Node(const std::string& id, int host,
+                                    std::string* metrics = nullptr) {
     NodeProcess::Options o;
     o.id = id;
     o.listen_host = absl::StrCat("127.0.0.", host);
+    if (metrics != nullptr) {
+      *metrics = absl::StrCat("127.0.0.1:", testing::FreePort());
+      o.extra_args = {"--metrics-listen", *metrics};
+    }
     auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
     if (!n->Start()) return nullptr;
     return n;
@@ -360,6 +368,62 @@ TEST_F(VolumeTest, FilesReachTheOriginFollowRenamesThereAndRestoreFromItWithoutA
   bad[kMiB / 2] ^= 1;
   testing::WriteFile(dir_.Sub("upload/u.pt"), bad);
   EXPECT_EQ(Load(B("u.pt")), absl::StrCat("<errno ", EIO, ">"));
+}
+
+TEST_F(VolumeTest, NodesRestoringAFileAtOnceReadTheOriginOnceBetweenThem) {
+  // A checkpoint in the origin whose only holder is gone (a cluster restarted after a failure).
+  const std::string data = Random(24 * kMiB + 3, 41);
+  ASSERT_EQ(Save(A("step.pt"), data), 0);
+  ASSERT_TRUE(WaitFor("step.pt", "persisted", "step.pt"));
+  a_->Kill(SIGKILL);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto nodes = meta_->client().ListNodes();
+        return nodes.ok() && std::any_of(nodes->begin(), nodes->end(), [](const rpc::Node& n) {
+                 return n.id() == "n1" && n.state() == rpc::Node::DEAD;
+               });
+      },
+      std::chrono::seconds(20)));
+  b_.reset();  // started again with its metrics served
+  std::string mb, mc, md;
+  b_ = Node("n2", 52, &mb);
+  auto c = Node("n3", 53, &mc);
+  auto d = Node("n4", 54, &md);
+  ASSERT_TRUE(b_ && c && d);
+  auto origin_bytes = [](const std::string& m) {
+    const std::string text = HttpGet(m, "/metrics");
+    EXPECT_NE(text.find("ember_"), std::string::npos) << m << ": " << text;
+    // A node that never read the origin has no sample (-1): none read.
+    return std::max(0.0, MetricSample(text, "ember_volume_origin_read_bytes_total"));
+  };
+  // Three nodes restore it at once: each gets every byte right, and the origin is read once.
+  std::string got[3];
+  std::vector<std::thread> readers;
+  const std::string paths[3] = {b_->mount(), c->mount(), d->mount()};
+  for (int i = 0; i < 3; ++i) {
+    readers.emplace_back([&, i] { got[i] = Load(paths[i] + "/ckpt/step.pt"); });
+  }
+  for (auto& t : readers) t.join();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == data) << "node " << i << ": " << got[i].size();
+  EXPECT_EQ(origin_bytes(mb) + origin_bytes(mc) + origin_bytes(md),
+            static_cast<double>(data.size()));
+  // A node restoring it later copies the copier's copy, not the origin's.
+  std::string me;
+  auto e = Node("n5", 55, &me);
+  ASSERT_TRUE(e);
+  EXPECT_TRUE(Load(e->mount() + "/ckpt/step.pt") == data);
+  EXPECT_EQ(origin_bytes(me), 0.0);
+  // Every node that restored it gone: the next one reads the origin (the copier it is sent to
+  // cannot be reached) and gets it right.
+  b_->Kill(SIGKILL);
+  c->Kill(SIGKILL);
+  d->Kill(SIGKILL);
+  e->Kill(SIGKILL);
+  std::string mf;
+  auto f = Node("n6", 56, &mf);
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(Load(f->mount() + "/ckpt/step.pt") == data);
+  EXPECT_EQ(origin_bytes(mf), static_cast<double>(data.size()));
 }
 
 // The origin's files, relative to it (regular files only, hidden temp names included).

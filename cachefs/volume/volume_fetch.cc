@@ -15,12 +15,17 @@
 #include "cachefs/volume/volume_file.h"
 #include "cachefs/volume/volume_fs.h"
 #include "common/file_io.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "origin/writable.h"
 
 namespace ember::cachefs {
 namespace {
 constexpr uint32_t kChecksumBatch = 10'000;
+// A copier named by meta that answers, but has added no block for this long, or could not be
+// reached: another node (the next caller) becomes the copier, this many times at most.
+constexpr absl::Duration kCopierStall = absl::Seconds(10);
+constexpr int kCopierRounds = 3;
 }  // namespace
 
 absl::Status VolumeErrno(const absl::Status& st) {
@@ -75,8 +80,16 @@ absl::StatusOr<VolumeFs::CopyPlan> VolumeFs::PlanCopy(uint32_t vol, const rpc::V
     if (sums_.size() >= kSumsKept) sums_.erase(sums_.begin());
     sums_[key] = plan.sums;
   }
+  // Holders meta knows are dead are not asked: with none left, the contents come from the
+  // origin, read once for all the nodes restoring them (RunCopy), not by each one's reads.
+  absl::StatusOr<std::vector<rpc::Node>> nodes = meta_->ListNodes();
   for (const auto& h : n.holders()) {
     if (h == node_id_) continue;  // our copy is gone (dropped as corrupt): others only
+    if (nodes.ok() && std::any_of(nodes->begin(), nodes->end(), [&h](const rpc::Node& x) {
+          return x.id() == h && x.state() == rpc::Node::DEAD;
+        })) {
+      continue;
+    }
     if (auto addr = PeerAddress(h); addr.ok()) plan.peers.push_back(*addr);
   }
   std::string origin;
@@ -99,7 +112,13 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
     const std::function<void(uint64_t)>& written, const std::function<void()>& restart) {
   absl::Status st = ErrnoStatus(
       EIO, absl::StrCat("'", n.name(), "': no other node holding its contents is known"));
+  bool fresh = true;  // no attempt has written to the copy's file yet
+  auto again = [&] {
+    if (!fresh && restart) restart();  // the last attempt's file was dropped
+    fresh = false;
+  };
   if (!plan.peers.empty()) {
+    again();
     auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums,
                                FromPeers(vol, n.file_id(), plan.peers), false, written);
     if (whole.ok()) return whole;
@@ -107,9 +126,26 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
                  plan.peers.front(), std::string(whole.status().message()));
     st = ErrnoStatus(EIO, std::string(whole.status().message()));
   }
-  // No holder could give them: the origin's copy, if they were uploaded.
+  // No holder could give them: the origin's copy, read by one node (meta names it: the
+  // copier); other nodes restoring the file at once copy the copier's copy as it lands.
   if (plan.origin_path.empty()) return st;
-  if (!plan.peers.empty() && restart) restart();  // the holders' attempt's file was dropped
+  std::vector<std::string> unreachable;
+  for (int round = 0; round < kCopierRounds; ++round) {
+    const std::string copier = Copier(vol, n, unreachable);
+    if (copier.empty()) break;  // this node
+    if (absl::StatusOr<std::string> addr = PeerAddress(copier); addr.ok()) {
+      again();
+      auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums,
+                                 FromCopier(vol, n.file_id(), copier, *addr), false, written);
+      if (whole.ok()) return whole;
+      spdlog::warn(
+          "volume: contents of '{}' could not be copied from node {}, which reads "
+          "them from the origin: {}",
+          n.name(), copier, std::string(whole.status().message()));
+    }
+    unreachable.push_back(copier);
+  }
+  again();
   const std::string where = absl::StrCat(plan.origin, "/", plan.origin_path);
   auto whole = store_->Fetch(vol, n.file_id(), n.size(), block_size, plan.sums,
                              FromOrigin(plan.origin, plan.origin_path, block_size), false, written);
@@ -122,8 +158,66 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::RunCopy(
   return whole;
 }
 
+std::string VolumeFs::Copier(uint32_t vol, const rpc::VolumeInode& n,
+                             const std::vector<std::string>& unreachable) {
+  rpc::VolumeOpRequest req;
+  for (const auto& v : Volumes()) {
+    if (v.id() == vol) req.set_volume(v.name());
+  }
+  auto* c = req.mutable_copying();
+  c->set_ino(n.ino());
+  c->set_file_id(n.file_id());
+  c->set_node(node_id_);
+  for (const auto& u : unreachable) c->add_unreachable(u);
+  absl::StatusOr<rpc::VolumeOpReply> r = meta_->VolumeOp(req);
+  // Meta away (or the file changed meanwhile): this node reads the origin; the copy is
+  // checked against the checksums of the contents it was asked for either way.
+  if (!r.ok() || r->inode().file_id() != n.file_id() || r->inode().copiers_size() == 0) return "";
+  return r->inode().copiers(0) == node_id_ ? "" : r->inode().copiers(0);
+}
+
+VolumeStore::BatchReader VolumeFs::FromCopier(uint32_t vol, uint64_t file_id, std::string node,
+                                              std::string peer) {
+  // The copier serves each block once it is in (VolumeStore::GetBlock): a block it does not
+  // have yet is asked for again, as long as it gets further.
+  return [this, vol, file_id, node = std::move(node),
+          peer = std::move(peer)](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
+    std::vector<transport::FetchPiece> want = Wanted(vol, file_id, pieces);
+    absl::Time progress = absl::Now();
+    absl::Duration pause = absl::Milliseconds(2);
+    for (;;) {
+      const bool got = FetchMissing(peer, want) > 0;
+      bool missing = false;
+      for (const auto& w : want) {
+        if (w.status.ok()) continue;
+        if (!absl::IsNotFound(w.status)) return w.status;
+        missing = true;
+      }
+      if (!missing) break;
+      if (got) {
+        progress = absl::Now();
+        pause = absl::Milliseconds(2);
+        continue;
+      }
+      if (absl::Now() - progress > kCopierStall) {
+        return absl::UnavailableError(
+            absl::StrCat("node ", node, " has copied no block of contents ", file_id,
+                         " from the origin for ", absl::FormatDuration(kCopierStall)));
+      }
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Milliseconds(50));
+    }
+    for (size_t i = 0; i < want.size(); ++i)
+      pieces[i].received_sum = want[i].info.received_checksum;
+    return absl::OkStatus();
+  };
+}
+
 VolumeStore::BatchReader VolumeFs::FromOrigin(std::string origin, std::string path,
                                               uint64_t block_size) {
+  static metrics::Counter* const read = metrics::Global().GetCounter(
+      "ember_volume_origin_read_bytes_total",
+      "Bytes of volume files read from their volume's origin (restores no node could serve).");
   if (path.empty()) return nullptr;
   return [origin = std::move(origin), path = std::move(path),
           block_size](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
@@ -136,6 +230,7 @@ VolumeStore::BatchReader VolumeFs::FromOrigin(std::string origin, std::string pa
         return absl::UnavailableError(absl::StrCat("cannot read the origin's copy '", origin, "/",
                                                    path, "': ", st.message()));
       }
+      read->Inc(p.len);
     }
     return absl::OkStatus();
   };

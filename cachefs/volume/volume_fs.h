@@ -126,8 +126,9 @@ class VolumeFs {
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> Local(uint32_t vol,
                                                                   const rpc::VolumeInode& n,
                                                                   uint64_t block_size);
-  // Where a copy of `n`'s contents comes from: meta's checksums, the holders (not this node),
-  // the origin's copy when persisted. Returns: the plan; EIO when there is no source.
+  // Where a copy of `n`'s contents comes from: meta's checksums, the holders (not this node,
+  // none meta knows are dead), the origin's copy when persisted. Returns: the plan; EIO when there
+  // is no source.
   struct CopyPlan {
     std::vector<uint64_t> sums;
     std::vector<std::string> peers;  // addresses
@@ -135,9 +136,11 @@ class VolumeFs {
     std::string origin_path;         // the copy there, relative to it; "" when not persisted
   };
   absl::StatusOr<CopyPlan> PlanCopy(uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size);
-  // Copies by `plan`: from the holders, else the origin. `written(i)`: block i is checked and
-  // in the copy's file; `restart()`: the copy starts over (a new file: what `written` said
-  // before no longer holds). Returns: the contents; EIO naming what failed.
+  // Copies by `plan`: from the holders, else the origin's copy: read once for all the nodes
+  // restoring it at once (the first copies it, the others copy that copy as it lands, Copier).
+  // `written(i)`: block i is checked and in the copy's file; `restart()`: the copy starts over
+  // (a new file: what `written` said before no longer holds). Returns: the contents; EIO
+  // naming what failed.
   absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> RunCopy(
       uint32_t vol, const rpc::VolumeInode& n, uint64_t block_size, const CopyPlan& plan,
       const std::function<void(uint64_t)>& written, const std::function<void()>& restart);
@@ -155,6 +158,14 @@ class VolumeFs {
   absl::StatusOr<std::shared_ptr<Copy>> StartCopy(uint32_t vol, const rpc::VolumeInode& n,
                                                   uint64_t block_size, CopyPlan plan)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Which node copies `n`'s contents from the origin (VolumeCopying): "" for this node (also
+  // when meta cannot say); `unreachable`: copiers this node could not copy from.
+  std::string Copier(uint32_t vol, const rpc::VolumeInode& n,
+                     const std::vector<std::string>& unreachable);
+  // Reads blocks of contents `file_id` from `node` (at `peer`), the copier, as its copy lands:
+  // asks again for blocks not in yet while it gets further. Unavailable when it does not.
+  VolumeStore::BatchReader FromCopier(uint32_t vol, uint64_t file_id, std::string node,
+                                      std::string peer);
   // Reads blocks from the origin's copy at `origin`/`path`; empty for "".
   static VolumeStore::BatchReader FromOrigin(std::string origin, std::string path,
                                              uint64_t block_size);
@@ -162,6 +173,11 @@ class VolumeFs {
   // Reads blocks of contents `file_id` from `peers`, each piece from the first that has it.
   VolumeStore::BatchReader FromPeers(uint32_t vol, uint64_t file_id,
                                      std::vector<std::string> peers);
+  // The blocks `pieces` of contents `file_id` as transport asks for them (none asked yet).
+  static std::vector<transport::FetchPiece> Wanted(uint32_t vol, uint64_t file_id,
+                                                   const std::vector<VolumeStore::Piece>& pieces);
+  // Asks `peer` for the pieces of `want` not in yet. Returns: how many came in.
+  size_t FetchMissing(const std::string& peer, std::vector<transport::FetchPiece>& want);
   uint32_t ReplicasOf(uint32_t vol_id);
   // Other live nodes in the order copies of `file_id` go to (other failure domains first).
   absl::StatusOr<std::vector<rpc::Node>> ReplicaCandidates(uint64_t file_id);

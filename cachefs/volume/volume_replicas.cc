@@ -45,36 +45,45 @@ VolumeStore::BatchReader VolumeFs::FromPeers(uint32_t vol, uint64_t file_id,
                                              std::vector<std::string> peers) {
   // A batch from the first peer that has it all; pieces it lacks from the next one.
   return [this, vol, file_id, peers = std::move(peers)](std::vector<VolumeStore::Piece>& pieces) {
-    std::vector<transport::FetchPiece> want;
-    for (const auto& p : pieces) {
-      transport::FetchPiece f;
-      f.addr = BlockAddr{vol, meta::kVolumeDataVersion, file_id, p.index};
-      f.length = static_cast<uint32_t>(p.len);
-      f.buf = p.buf;
-      f.status = absl::UnavailableError("not asked yet");
-      want.push_back(f);
-    }
-    for (const auto& peer : peers) {
-      std::vector<transport::FetchPiece> missing;
-      std::vector<size_t> at;  // missing[k] is want[at[k]]
-      for (size_t i = 0; i < want.size(); ++i) {
-        if (want[i].status.ok()) continue;
-        missing.push_back(want[i]);
-        at.push_back(i);
-      }
-      if (missing.empty()) break;
-      transport_->FetchMany(peer, missing);
-      for (size_t k = 0; k < missing.size(); ++k) {
-        want[at[k]].status = missing[k].status;
-        want[at[k]].info = missing[k].info;
-      }
-    }
+    std::vector<transport::FetchPiece> want = Wanted(vol, file_id, pieces);
+    for (const auto& peer : peers) FetchMissing(peer, want);
     for (size_t i = 0; i < want.size(); ++i) {
       RETURN_IF_ERROR(want[i].status);
       pieces[i].received_sum = want[i].info.received_checksum;
     }
     return absl::OkStatus();
   };
+}
+
+std::vector<transport::FetchPiece> VolumeFs::Wanted(uint32_t vol, uint64_t file_id,
+                                                    const std::vector<VolumeStore::Piece>& pieces) {
+  std::vector<transport::FetchPiece> want(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    want[i].addr = BlockAddr{vol, meta::kVolumeDataVersion, file_id, pieces[i].index};
+    want[i].length = static_cast<uint32_t>(pieces[i].len);
+    want[i].buf = pieces[i].buf;
+    want[i].status = absl::UnavailableError("not asked yet");
+  }
+  return want;
+}
+
+size_t VolumeFs::FetchMissing(const std::string& peer, std::vector<transport::FetchPiece>& want) {
+  std::vector<transport::FetchPiece> missing;
+  std::vector<size_t> at;  // missing[k] is want[at[k]]
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i].status.ok()) continue;
+    missing.push_back(want[i]);
+    at.push_back(i);
+  }
+  if (missing.empty()) return 0;
+  transport_->FetchMany(peer, missing);
+  size_t got = 0;
+  for (size_t k = 0; k < missing.size(); ++k) {
+    want[at[k]].status = missing[k].status;
+    want[at[k]].info = missing[k].info;
+    got += missing[k].status.ok();
+  }
+  return got;
 }
 
 uint32_t VolumeFs::ReplicasOf(uint32_t vol_id) {

@@ -339,12 +339,34 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     RETURN_IF_ERROR(Reserve(size));
     ASSIGN_OR_RETURN(fd, CreateStaging(vol, file_id));
   }
+  // Peers may take each block as soon as it is in (nodes restoring the file at once copy the
+  // copy this node makes of the origin's, GetBlock).
+  {
+    auto partial = std::make_shared<Whole>();
+    partial->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    partial->size = size;
+    partial->block_size = block_size;
+    partial->sums = sums;
+    absl::MutexLock lock(&serving_mu_);
+    if (partial->fd >= 0) copying_[key] = Partial{std::move(partial), std::vector<bool>(blocks)};
+  }
+  absl::Cleanup unlist = [this, key] {
+    absl::MutexLock lock(&serving_mu_);
+    copying_.erase(key);
+  };
+  auto in = [&](uint64_t i) {
+    {
+      absl::MutexLock lock(&serving_mu_);
+      if (auto it = copying_.find(key); it != copying_.end()) it->second.have[i] = true;
+    }
+    if (written) written(i);
+  };
   std::vector<uint64_t> want;
   for (uint64_t i = 0; i < blocks; ++i) {
     if (ahead) {
       auto it = ahead->sums.find(i);
       if (it != ahead->sums.end() && it->second == sums[i]) {  // here already
-        if (written) written(i);
+        in(i);
         continue;
       }
     }
@@ -352,7 +374,7 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
   }
   absl::Status st = CopyIn(
       fd, path, file_id, want, block_size, size, [&sums](uint64_t i) { return sums[i]; },
-      read_blocks, written);
+      read_blocks, in);
   if (st.ok() && durable && fdatasync(fd) != 0) st = Errno("cannot sync", path);
   close(fd);
   // A copy for reading is not synced: its reads check every block against `sums` (a copy torn
@@ -480,6 +502,12 @@ std::optional<VolumeStore::Block> VolumeStore::GetBlock(const BlockAddr& addr) {
     if (auto it = offered_.find(key);
         w == nullptr && it != offered_.end() && addr.index < it->second->sums.size()) {
       w = it->second;
+    }
+    if (auto it = copying_.find(key); w == nullptr && it != copying_.end()) {
+      if (addr.index >= it->second.have.size() || !it->second.have[addr.index]) {
+        return std::nullopt;  // not in yet: the peer asks again
+      }
+      w = it->second.whole;
     }
   }
   if (w == nullptr) {

@@ -115,7 +115,8 @@ class VolumeStore {
   // Removes a contents id's files (staging or whole).
   void Drop(uint32_t vol, uint64_t file_id);
 
-  // For the block server: block `addr` (its dataset id is the volume's) if whole here.
+  // For the block server: block `addr` (its dataset id is the volume's) if whole here, offered,
+  // or already in a copy in progress (Fetch).
   struct Block {
     std::shared_ptr<const Whole> whole;
     uint64_t offset = 0;
@@ -182,6 +183,11 @@ class VolumeStore {
 
   std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<const Whole>> offered_
       ABSL_GUARDED_BY(serving_mu_);  // staging files offered (sums: of the blocks offered)
+  struct Partial {  // a Fetch in progress: the blocks checked and written so far are served
+    std::shared_ptr<const Whole> whole;
+    std::vector<bool> have;
+  };
+  std::map<std::pair<uint32_t, uint64_t>, Partial> copying_ ABSL_GUARDED_BY(serving_mu_);
 
   absl::Mutex fetch_mu_;
   std::set<std::pair<uint32_t, uint64_t>> fetching_ ABSL_GUARDED_BY(fetch_mu_);  // being copied
