@@ -24,7 +24,11 @@ namespace {
 constexpr uint32_t kChecksumBatch = 10'000;
 // A copier named by meta that answers, but has added no block for this long, or could not be
 // reached: another node (the next caller) becomes the copier, this many times at most.
-constexpr absl::Duration kCopierStall = absl::Seconds(10);
+// A copier that adds no block this long (while it says it copies) is given up on; one that
+// says it neither copies nor holds the contents at once. It is asked every kCopierProbe while
+// nothing new comes.
+constexpr absl::Duration kCopierStall = absl::Seconds(30);
+constexpr absl::Duration kCopierProbe = absl::Milliseconds(500);
 constexpr int kCopierRounds = 3;
 }  // namespace
 
@@ -179,11 +183,17 @@ std::string VolumeFs::Copier(uint32_t vol, const rpc::VolumeInode& n,
 VolumeStore::BatchReader VolumeFs::FromCopier(uint32_t vol, uint64_t file_id, std::string node,
                                               std::string peer) {
   // The copier serves each block once it is in (VolumeStore::GetBlock): a block it does not
-  // have yet is asked for again, as long as it gets further.
+  // have yet is asked for again, as long as the copier says it is copying and gets further.
   return [this, vol, file_id, node = std::move(node),
           peer = std::move(peer)](std::vector<VolumeStore::Piece>& pieces) -> absl::Status {
     std::vector<transport::FetchPiece> want = Wanted(vol, file_id, pieces);
+    rpc::NodeCall probe;
+    probe.mutable_copy_state()->set_volume(vol);
+    probe.mutable_copy_state()->set_file_id(file_id);
+    const std::string ask = probe.SerializeAsString();
     absl::Time progress = absl::Now();
+    absl::Time probed = absl::InfinitePast();
+    uint64_t copier_in = 0;  // blocks in at the copier when last asked
     absl::Duration pause = absl::Milliseconds(2);
     for (;;) {
       const bool got = FetchMissing(peer, want) > 0;
@@ -194,12 +204,30 @@ VolumeStore::BatchReader VolumeFs::FromCopier(uint32_t vol, uint64_t file_id, st
         missing = true;
       }
       if (!missing) break;
+      const absl::Time now = absl::Now();
       if (got) {
-        progress = absl::Now();
+        progress = now;
         pause = absl::Milliseconds(2);
         continue;
       }
-      if (absl::Now() - progress > kCopierStall) {
+      if (now - probed >= kCopierProbe) {  // nothing new: is it still at it?
+        probed = now;
+        absl::StatusOr<std::string> answer = transport_->Call(peer, ask, std::chrono::seconds(5));
+        rpc::NodeCallReply state;
+        if (answer.ok() && state.ParseFromString(*answer) && state.error().empty() &&
+            !state.copying() && !state.whole()) {
+          return absl::UnavailableError(
+              absl::StrCat("node ", node, " neither copies nor holds contents ", file_id,
+                           " (its read of the origin failed, or it dropped its copy)"));
+        }
+        // No answer (it answered the fetch just now: a node too old to be asked): the stall
+        // alone decides.
+        if (state.copying() && state.blocks_in() > copier_in) {
+          copier_in = state.blocks_in();
+          progress = now;
+        }
+      }
+      if (now - progress > kCopierStall) {
         return absl::UnavailableError(
             absl::StrCat("node ", node, " has copied no block of contents ", file_id,
                          " from the origin for ", absl::FormatDuration(kCopierStall)));

@@ -227,10 +227,20 @@ absl::StatusOr<std::vector<std::string>> VolumeFs::Replicate(const Ref& at, uint
 absl::StatusOr<std::string> VolumeFs::ServeCall(std::string_view request) {
   rpc::NodeCall call;
   if (!call.ParseFromArray(request.data(), static_cast<int>(request.size())) ||
-      (!call.has_replicate() && !call.has_precopy())) {
+      (!call.has_replicate() && !call.has_precopy() && !call.has_copy_state())) {
     return absl::InvalidArgumentError("not a call this node knows");
   }
   rpc::NodeCallReply reply;
+  if (call.has_copy_state()) {  // a node following this one's copy of the origin's (FromCopier)
+    const rpc::VolumeCopyState& c = call.copy_state();
+    if (std::optional<uint64_t> in = store_->CopyProgress(c.volume(), c.file_id())) {
+      reply.set_copying(true);
+      reply.set_blocks_in(*in);
+    } else {
+      reply.set_whole(store_->Open(c.volume(), c.file_id()).ok());
+    }
+    return reply.SerializeAsString();
+  }
   // A volume of this node's list, of this block size.
   auto known = [this](uint32_t vol, uint64_t block_size) {
     bool found = false;

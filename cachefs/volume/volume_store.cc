@@ -316,6 +316,16 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     return absl::InternalError(absl::StrCat("contents ", file_id, " of ", size, " bytes need ",
                                             blocks, " checksums, have ", sums.size()));
   }
+  // Listed from here on, before room is found: a node following this copy (FromCopier) asks
+  // whether it runs (CopyProgress) and waits for it rather than reading the origin too.
+  {
+    absl::MutexLock lock(&serving_mu_);
+    copying_[key] = Partial{nullptr, std::vector<bool>(blocks), 0};
+  }
+  absl::Cleanup unlist = [this, key] {
+    absl::MutexLock lock(&serving_mu_);
+    copying_.erase(key);
+  };
   std::optional<Ahead> ahead = TakeAhead(key, block_size);  // copied ahead of this commit
   const std::string path = PathOf(vol, file_id);
   int fd = -1;
@@ -348,16 +358,15 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeStore::Fetch(
     partial->block_size = block_size;
     partial->sums = sums;
     absl::MutexLock lock(&serving_mu_);
-    if (partial->fd >= 0) copying_[key] = Partial{std::move(partial), std::vector<bool>(blocks)};
+    if (partial->fd >= 0) copying_[key].whole = std::move(partial);
   }
-  absl::Cleanup unlist = [this, key] {
-    absl::MutexLock lock(&serving_mu_);
-    copying_.erase(key);
-  };
   auto in = [&](uint64_t i) {
     {
       absl::MutexLock lock(&serving_mu_);
-      if (auto it = copying_.find(key); it != copying_.end()) it->second.have[i] = true;
+      if (auto it = copying_.find(key); it != copying_.end() && !it->second.have[i]) {
+        it->second.have[i] = true;
+        ++it->second.in;
+      }
     }
     if (written) written(i);
   };
@@ -493,6 +502,13 @@ void VolumeStore::ForgetServing(uint32_t vol, uint64_t file_id) {
   serving_.erase({vol, file_id});
 }
 
+std::optional<uint64_t> VolumeStore::CopyProgress(uint32_t vol, uint64_t file_id) {
+  absl::MutexLock lock(&serving_mu_);
+  auto it = copying_.find({vol, file_id});
+  if (it == copying_.end()) return std::nullopt;
+  return it->second.in;
+}
+
 std::optional<VolumeStore::Block> VolumeStore::GetBlock(const BlockAddr& addr) {
   const std::pair<uint32_t, uint64_t> key{addr.dataset_id, addr.file_id};
   std::shared_ptr<const Whole> w;
@@ -504,7 +520,8 @@ std::optional<VolumeStore::Block> VolumeStore::GetBlock(const BlockAddr& addr) {
       w = it->second;
     }
     if (auto it = copying_.find(key); w == nullptr && it != copying_.end()) {
-      if (addr.index >= it->second.have.size() || !it->second.have[addr.index]) {
+      if (it->second.whole == nullptr || addr.index >= it->second.have.size() ||
+          !it->second.have[addr.index]) {
         return std::nullopt;  // not in yet: the peer asks again
       }
       w = it->second.whole;

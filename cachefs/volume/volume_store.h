@@ -124,6 +124,10 @@ class VolumeStore {
     uint64_t checksum = 0;
   };
   std::optional<Block> GetBlock(const BlockAddr& addr);
+  // Whether contents `file_id` are being copied here now (a Fetch, from its start: also while
+  // it waits for room) and how many of their blocks are in; nullopt when no copy runs.
+  std::optional<uint64_t> CopyProgress(uint32_t vol, uint64_t file_id)
+      ABSL_LOCKS_EXCLUDED(serving_mu_);
 
   std::string PathOf(uint32_t vol, uint64_t file_id) const;
 
@@ -184,8 +188,9 @@ class VolumeStore {
   std::map<std::pair<uint32_t, uint64_t>, std::shared_ptr<const Whole>> offered_
       ABSL_GUARDED_BY(serving_mu_);  // staging files offered (sums: of the blocks offered)
   struct Partial {  // a Fetch in progress: the blocks checked and written so far are served
-    std::shared_ptr<const Whole> whole;
+    std::shared_ptr<const Whole> whole;  // null until its file is made (after room is found)
     std::vector<bool> have;
+    uint64_t in = 0;  // blocks set in `have`
   };
   std::map<std::pair<uint32_t, uint64_t>, Partial> copying_ ABSL_GUARDED_BY(serving_mu_);
 

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "common/ids.h"
@@ -109,6 +110,61 @@ void Sealed(VolumeStore& store, uint64_t id, const std::string& data, int age_s 
     t[1] = t[0];
     ASSERT_EQ(utimensat(AT_FDCWD, (store.PathOf(3, id) + ".sums").c_str(), t, 0), 0);
   }
+}
+
+TEST(VolumeStoreTest, BlocksOfACopyInProgressAreServedOnceInAndItsProgressIsKnown) {
+  ember::testing::TempDir dir;
+  VolumeStore store(dir.Sub("v"));
+  constexpr uint64_t kBig = 1 << 20;  // 32 blocks a batch
+  const std::string data = Bytes(40 * kBig - 5, 'c');
+  std::vector<uint64_t> sums;
+  for (uint64_t off = 0; off < data.size(); off += kBig) {
+    sums.push_back(BlockChecksum(data.data() + off, std::min<uint64_t>(kBig, data.size() - off)));
+  }
+  std::promise<void> second_asked, go_on;
+  std::shared_future<void> resume = go_on.get_future().share();
+  auto reader = [&](std::vector<VolumeStore::Piece>& pieces) {
+    if (pieces.front().index > 0) {  // the second batch waits until the test has looked
+      second_asked.set_value();
+      resume.wait();
+    }
+    for (auto& p : pieces) std::memcpy(p.buf, data.data() + p.index * kBig, p.len);
+    return absl::OkStatus();
+  };
+  EXPECT_FALSE(store.CopyProgress(3, 9).has_value());
+  absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> result;
+  std::thread copy([&] { result = store.Fetch(3, 9, data.size(), kBig, sums, reader); });
+  second_asked.get_future().wait();
+  ASSERT_TRUE(ember::testing::WaitFor([&] { return store.CopyProgress(3, 9) == 32u; },
+                                      std::chrono::seconds(10)));
+  // A block in is served (with its checksum and bytes); one not in yet is not.
+  auto first = store.GetBlock(BlockAddr{3, 1, 9, 31});
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->checksum, sums[31]);
+  std::string got(kBig, '\0');
+  ASSERT_EQ(pread(first->whole->fd, got.data(), kBig, static_cast<off_t>(first->offset)),
+            static_cast<ssize_t>(kBig));
+  EXPECT_TRUE(got == data.substr(31 * kBig, kBig));
+  EXPECT_FALSE(store.GetBlock(BlockAddr{3, 1, 9, 32}).has_value());
+  go_on.set_value();
+  copy.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(store.CopyProgress(3, 9).has_value());
+  EXPECT_TRUE(store.GetBlock(BlockAddr{3, 1, 9, 39}).has_value());
+
+  // A copy waiting for room is listed as copying (nothing in), serves nothing, and is unlisted
+  // when it fails.
+  VolumeStore full(dir.Sub("w"));
+  full.SetLimit(data.size(), absl::Seconds(3));
+  ASSERT_TRUE(full.Reserve(kBig).ok());  // held by a writer: the copy must wait for room
+  absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> failed;
+  std::thread waiting([&] { failed = full.Fetch(3, 9, data.size(), kBig, sums, reader); });
+  EXPECT_TRUE(ember::testing::WaitFor([&] { return full.CopyProgress(3, 9) == 0u; },
+                                      std::chrono::seconds(3)));
+  EXPECT_FALSE(full.GetBlock(BlockAddr{3, 1, 9, 0}).has_value());
+  waiting.join();
+  EXPECT_FALSE(failed.ok());
+  EXPECT_FALSE(full.CopyProgress(3, 9).has_value());
 }
 
 TEST(VolumeStoreTest, RoomIsMadeOnlyFromContentsInTheOriginOldestFirst) {
