@@ -21,6 +21,9 @@
 #             least work a restore does with no Ember (restore_floor: RANKS shards sent from disk
 #             over TCP, each block checked and copied to a reader's buffer; or stored and read
 #             back, what a restore keeping its copy would do).
+# The save cases and their ceilings ("local", "local x2"), and the restore with disk read and raw
+# TCP, alternate ROUNDS times (default 3), each figure the median of its rounds (every round's
+# figure printed too): this VM moves 10-50% between minutes.
 # Writes a markdown table to stdout and one JSON object per figure to $BUILD/bench/ckpt.json.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
@@ -78,21 +81,6 @@ readers() {  # DIR: RANKS readers of DIR/rankN.pt at once; prints seconds
   secs "$t0" "$(now)"
 }
 
-say "local disk: $RANKS writers of $SHARD_MIB MiB with fsync"
-sync
-LOCAL=$(writers "$WORK/local")
-say "local disk: the same bytes twice at once (two copies on this disk)"
-rm -f "$WORK"/local/*
-sync
-LOCAL2=$(writers "$WORK/local" "$WORK/local2")
-rm -f "$WORK"/local2/*
-say "Ember save through node a"
-mkdir "$WORK/a/mnt/ckpt/step.tmp"
-sync
-t0=$(now)
-SAVE_W=$(writers "$WORK/a/mnt/ckpt/step.tmp")
-mv "$WORK/a/mnt/ckpt/step.tmp" "$WORK/a/mnt/ckpt/step"
-SAVE=$(secs "$t0" "$(now)")
 # Each case from a quiet machine, as the ceilings are: the last case's write-back finished.
 uploaded() {  # VOLUME: waits (up to 120 s) until every file of VOLUME is in the origin
   local i
@@ -103,27 +91,67 @@ uploaded() {  # VOLUME: waits (up to 120 s) until every file of VOLUME is in the
   say "$1: uploads did not finish in 120 s"
   return 1
 }
-uploaded ckpt
-say "Ember save through node a, --replicas 2"
-mkdir "$WORK/a/mnt/ckpt2/step.tmp"
-sync
-t0=$(now)
-writers "$WORK/a/mnt/ckpt2/step.tmp" > /dev/null
-mv "$WORK/a/mnt/ckpt2/step.tmp" "$WORK/a/mnt/ckpt2/step"
-SAVE2=$(secs "$t0" "$(now)")
-"$B/ember" volume status ckpt2 --json | grep -c '"replicated"' | grep -qx "$RANKS" ||
-  { say "--replicas 2: not every shard is replicated"; exit 1; }
-uploaded ckpt2
-say "restore on node b (page cache dropped)"
-drop_caches
-"$B/restore_floor" --touch $((3 * BYTES >> 20))  # as each of restore_floor's passes starts
-RESTORE=$(readers "$WORK/b/mnt/ckpt/step")
-for i in $(seq 0 $((RANKS - 1))); do
-  cmp -s "$WORK/src" "$WORK/b/mnt/ckpt/step/rank$i.pt" || { say "rank$i restored wrong"; exit 1; }
+median() { tr ' ' '\n' <<< "$*" | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# The save cases and their ceilings alternate, ROUNDS times (this VM's disk and host move 10-50%
+# between minutes): each figure is the median of its rounds; every round's figure is printed.
+ROUNDS=${ROUNDS:-3}
+L=() L2=() S=() SW=() S2=()
+for r in $(seq 1 "$ROUNDS"); do
+  say "round $r of $ROUNDS: local disk: $RANKS writers of $SHARD_MIB MiB with fsync"
+  sync
+  L+=("$(writers "$WORK/local")")
+  say "round $r: local disk: the same bytes twice at once (two copies on this disk)"
+  rm -f "$WORK"/local/*
+  sync
+  L2+=("$(writers "$WORK/local" "$WORK/local2")")
+  rm -f "$WORK"/local2/*
+  say "round $r: Ember save through node a"
+  step=step; [ "$r" = 1 ] || step=step_r$r  # round 1's is the one restored
+  mkdir "$WORK/a/mnt/ckpt/$step.tmp"
+  sync
+  t0=$(now)
+  SW+=("$(writers "$WORK/a/mnt/ckpt/$step.tmp")")
+  mv "$WORK/a/mnt/ckpt/$step.tmp" "$WORK/a/mnt/ckpt/$step"
+  S+=("$(secs "$t0" "$(now)")")
+  uploaded ckpt
+  say "round $r: Ember save through node a, --replicas 2"
+  mkdir "$WORK/a/mnt/ckpt2/step.tmp"
+  sync
+  t0=$(now)
+  writers "$WORK/a/mnt/ckpt2/step.tmp" > /dev/null
+  mv "$WORK/a/mnt/ckpt2/step.tmp" "$WORK/a/mnt/ckpt2/step"
+  S2+=("$(secs "$t0" "$(now)")")
+  "$B/ember" volume status ckpt2 --json | grep -c '"replicated"' | grep -qx "$RANKS" ||
+    { say "--replicas 2: not every shard is replicated"; exit 1; }
+  uploaded ckpt2
+  rm -r "$WORK/a/mnt/ckpt2/step"  # room for the next round (its origin copies deleted too)
+  [ "$r" = 1 ] || rm -r "$WORK/a/mnt/ckpt/$step"
 done
+LOCAL=$(median "${L[@]}") LOCAL2=$(median "${L2[@]}") SAVE=$(median "${S[@]}")
+SAVE_W=$(median "${SW[@]}") SAVE2=$(median "${S2[@]}")
+rounds() { local x out=(); for x in "$@"; do out+=("$(mibs $BYTES "$x")"); done; echo "${out[*]}"; }
+# The restore and its ceilings alternate ROUNDS times as well (node b keeps no copy: each round
+# is a restore on a node that has nothing).
+R=() DR=() T=()
+for r in $(seq 1 "$ROUNDS"); do
+  say "round $r of $ROUNDS: restore on node b (page cache dropped)"
+  drop_caches
+  "$B/restore_floor" --touch $((3 * BYTES >> 20))  # as each of restore_floor's passes starts
+  R+=("$(readers "$WORK/b/mnt/ckpt/step")")
+  if [ "$r" = 1 ]; then
+    for i in $(seq 0 $((RANKS - 1))); do
+      cmp -s "$WORK/src" "$WORK/b/mnt/ckpt/step/rank$i.pt" || { say "rank$i restored wrong"; exit 1; }
+    done
+  fi
+  say "round $r: disk read and raw TCP"
+  drop_caches
+  DR+=("$(readers "$WORK/local")")
+  T+=("$("$B/peer_bench" "$WORK/src" 1 1 2>/dev/null |
+    awk -F'|' '/raw TCP/ { sub(/.*: /, "", $4); print $4 + 0; exit }')")
+done
+RESTORE=$(median "${R[@]}") DISK_READ=$(median "${DR[@]}") TCP=$(median "${T[@]}")
 say "ceilings"
 drop_caches
-DISK_READ=$(readers "$WORK/local")
 t0=$(now)
 w=()
 for i in $(seq 0 $((RANKS - 1))); do
@@ -132,8 +160,6 @@ for i in $(seq 0 $((RANKS - 1))); do
 done
 wait "${w[@]}"
 DIRECT=$(secs "$t0" "$(now)")
-TCP=$("$B/peer_bench" "$WORK/src" 1 1 2>/dev/null |
-  awk -F'|' '/raw TCP/ { sub(/.*: /, "", $4); print $4 + 0; exit }')
 rm -f "$WORK"/local/direct*
 # The least work a restore does, with no Ember: each shard sent from disk over loopback TCP,
 # received, checked and handed to a reader's buffer (a restore that keeps no copy, as Ember's
@@ -151,7 +177,7 @@ row() {  # KEY LABEL VALUE CEILING-LABEL CEILING
   echo "| $2 | $3 MiB/s | $4 | $5 MiB/s | ${ratio}x |"
   echo "{\"case\":\"$1\",\"mib_s\":$3,\"ceiling_mib_s\":$5,\"ratio\":$ratio}" >> "$OUT/ckpt.json"
 }
-echo "Checkpoint: $RANKS ranks x $SHARD_MIB MiB, one run ($(date -u +%F))"
+echo "Checkpoint: $RANKS ranks x $SHARD_MIB MiB, each the median of $ROUNDS alternating rounds but the floor ($(date -u +%F))"
 echo
 echo "| case | Ember | ceiling | ceiling figure | ratio |"
 echo "| --- | --- | --- | --- | --- |"
@@ -168,4 +194,4 @@ row restore "restore on a fresh node, $RANKS readers" "$(mibs $BYTES "$RESTORE")
 row restore-floor "restore, against the same work with no Ember" "$(mibs $BYTES "$RESTORE")" \
   "TCP from disk, check, copy to a reader" "$FLOOR_STREAM"
 echo
-echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s (twice at once: $(mibs $BYTES "$LOCAL2") MiB/s of each copy), O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s, raw TCP $TCP MiB/s (from disk, $RANKS streams: $FLOOR_TCP; with each block checked and copied to a reader: $FLOOR_STREAM; checked and stored: $FLOOR_STORE, and read back: $FLOOR_READ); Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s."
+echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s (twice at once: $(mibs $BYTES "$LOCAL2") MiB/s of each copy), O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s, raw TCP $TCP MiB/s (from disk, $RANKS streams: $FLOOR_TCP; with each block checked and copied to a reader: $FLOOR_STREAM; checked and stored: $FLOOR_STORE, and read back: $FLOOR_READ); Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s. Each round (MiB/s): local $(rounds "${L[@]}"); twice at once $(rounds "${L2[@]}"); save $(rounds "${S[@]}"); save --replicas 2 $(rounds "${S2[@]}"); restore $(rounds "${R[@]}"); disk read $(rounds "${DR[@]}"); raw TCP ${T[*]}."
