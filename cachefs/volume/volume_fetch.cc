@@ -269,7 +269,13 @@ absl::StatusOr<std::shared_ptr<const VolumeStore::Whole>> VolumeFs::Local(uint32
                                                                           uint64_t block_size) {
   if (auto have = store_->Open(vol, n.file_id()); have.ok()) return have;
   ASSIGN_OR_RETURN(CopyPlan plan, PlanCopy(vol, n, block_size));
-  return RunCopy(vol, n, block_size, plan, nullptr, nullptr);
+  // Joins a copy of the same contents under way (a reader's), never runs a second one beside
+  // it: two would each ask meta for the copier and could end up following each other.
+  ASSIGN_OR_RETURN(std::shared_ptr<Copy> c, StartCopy(vol, n, block_size, std::move(plan)));
+  absl::MutexLock lock(&c->mu);
+  c->mu.Await(absl::Condition(&c->done));
+  if (!c->status.ok()) return c->status;
+  return c->whole;
 }
 
 absl::StatusOr<std::shared_ptr<VolumeFs::Copy>> VolumeFs::StartCopy(uint32_t vol,
