@@ -192,7 +192,8 @@ absl::Status VolumeCatalog::Copying(const rpc::Volume& vol, const rpc::VolumeCop
     const auto& out = op.unreachable();
     const bool keep = n.copiers_size() > 0 && n.copiers(0) != op.node() &&
                       std::find(out.begin(), out.end(), n.copiers(0)) == out.end();
-    if (!keep) {  // none, or one that failed: the caller reads the origin
+    const bool again = n.copiers_size() == 1 && n.copiers(0) == op.node();
+    if (!keep && !again) {  // none, or one that failed: the caller reads the origin
       n.clear_copiers();
       n.add_copiers(op.node());
       MetaStore::VolumeChange c;
