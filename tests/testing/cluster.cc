@@ -95,10 +95,13 @@ NodeProcess::~NodeProcess() {
 }
 
 bool NodeProcess::Start() {
-  // Tests run in parallel: a port free a moment ago may be taken; pick another and retry.
+  // Tests run in parallel: a port free a moment ago may be taken; pick another and retry. What
+  // a failed attempt logged (e.g. that it removed a stale mount) stays part of Log().
+  retried_log_.clear();
   for (int attempt = 0; attempt < 3; attempt++) {
     if (StartOnce()) return true;
     if (Log().find("Address already in use") == std::string::npos) break;
+    retried_log_ = Log();
     port_ = FreePort(options_.listen_host);
   }
   ADD_FAILURE() << "node did not mount: " << Log();
@@ -143,6 +146,7 @@ bool NodeProcess::Takeover() {
   int code = process_->Wait(std::chrono::seconds(20));
   if (code != 0) ADD_FAILURE() << "predecessor exited with " << code << ": " << Log();
   process_ = std::move(next);
+  retried_log_.clear();
   return code == 0 && IsMounted(mount_);
 }
 
@@ -159,7 +163,10 @@ std::string NodeProcess::listen_address() const {
   return absl::StrCat(options_.listen_host, ":", port_);
 }
 
-void NodeProcess::Replace(std::unique_ptr<Process> process) { process_ = std::move(process); }
+void NodeProcess::Replace(std::unique_ptr<Process> process) {
+  process_ = std::move(process);
+  retried_log_.clear();
+}
 
 bool NodeProcess::StartOnce() {
   process_ =
@@ -167,7 +174,9 @@ bool NodeProcess::StartOnce() {
   // Mounted by this process (an old stale mount may still be listed until it is cleaned up).
   bool up = WaitFor(
       [&] {
-        return (IsMounted(mount_) && Log().find("serving datasets at") != std::string::npos) ||
+        return (IsMounted(mount_) &&
+                (process_->Stdout() + process_->Stderr()).find("serving datasets at") !=
+                    std::string::npos) ||
                !process_->Running();
       },
       std::chrono::seconds(20));
@@ -222,7 +231,7 @@ rpc::NodeStats NodeProcess::SettledStats(meta::MetaClient& client, std::chrono::
 }
 
 std::string NodeProcess::Log() const {
-  return process_ ? process_->Stdout() + process_->Stderr() : std::string();
+  return retried_log_ + (process_ ? process_->Stdout() + process_->Stderr() : std::string());
 }
 
 }  // namespace ember::testing

@@ -76,6 +76,7 @@ class NodeProcess {
   rpc::NodeStats Stats(meta::MetaClient& client);
   // Stats once two reads `poll` apart agree (poll longer than the heartbeat interval).
   rpc::NodeStats SettledStats(meta::MetaClient& client, std::chrono::milliseconds poll);
+  // The current process's output, after that of attempts of the same Start that failed.
   std::string Log() const;
 
  private:
@@ -86,6 +87,7 @@ class NodeProcess {
   int port_ = 0;
   mutable int starts_ = 0;
   std::unique_ptr<Process> process_;
+  std::string retried_log_;
 };
 
 // True if `path` is a mount point now (per /proc/self/mountinfo).
