@@ -8,7 +8,8 @@
 // One stream per FILE, all at once, as a restore's readers are. A sender thread per stream
 // sendfile()s its FILE over loopback TCP (the FILE's page cache dropped first with
 // POSIX_FADV_DONTNEED: a peer reading its copy from disk). Four passes, each from a dropped page
-// cache, print MiB/s of all streams together (the median of three runs of each, interleaved):
+// cache, print MiB/s of all streams together (the median of three runs of each, interleaved; on
+// stderr each run, and the CPU-seconds per GiB the pass took, senders and receivers together):
 //   tcp    the receiver recv()s into one reused 4 MiB buffer (peer_bench's raw TCP, cold source);
 //   stream + each 4 MiB block checked (XXH3-64, as Ember does) and copied into a reader's own
 //          buffer (what a restore that keeps no copy does: Ember's VolumeStream hands each
@@ -20,6 +21,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -156,11 +158,20 @@ int main(int argc, char** argv) {
   // Each pass three times, the passes interleaved (this VM's disk and CPU move run to run);
   // prints each pass's median.
   std::vector<double> got[4];
+  double cpu[4] = {0, 0, 0, 0};  // CPU-seconds of this process (senders and receivers)
+  auto cpu_now = [] {
+    rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  };
   for (int round = 0; round < 3; ++round) {
     for (Pass p : {Pass::kTcp, Pass::kStream, Pass::kStore, Pass::kRead}) {
       sync();  // the last pass's copies written back: each pass starts from a quiet disk
       TouchFreeMemory(2 * total + (256u << 20));  // the sender's page cache and the copies
+      const double c0 = cpu_now();
       double mibs = Run(argv[1], files, p);
+      cpu[static_cast<int>(p)] += cpu_now() - c0;
       if (mibs < 0) {
         std::fprintf(stderr, "restore_floor: pass %s failed\n", names[static_cast<int>(p)]);
         return 1;
@@ -171,7 +182,8 @@ int main(int argc, char** argv) {
   for (int p = 0; p < 4; ++p) {
     std::sort(got[p].begin(), got[p].end());
     std::printf("%s %.0f\n", names[p], got[p][1]);
-    std::fprintf(stderr, "%s %.0f %.0f %.0f\n", names[p], got[p][0], got[p][1], got[p][2]);
+    std::fprintf(stderr, "%s %.0f %.0f %.0f MiB/s, %.2f CPU-s per GiB\n", names[p], got[p][0],
+                 got[p][1], got[p][2], cpu[p] / 3 / (static_cast<double>(total) / (1 << 30)));
   }
   return 0;
 }
