@@ -431,7 +431,22 @@ grpc::Status MetaService::RemoveVolume(grpc::ServerContext* ctx,
 grpc::Status MetaService::VolumeOp(grpc::ServerContext* ctx, const rpc::VolumeOpRequest* req,
                                    rpc::VolumeOpReply* resp) {
   return Serve(ctx, "VolumeOp", [&]() -> absl::Status {
-    absl::StatusOr<rpc::VolumeOpReply> reply = units_.volumes->Apply(*req);
+    // A copier whose lease ran out is replaced as one the caller could not reach: nodes that
+    // would copy its copy go to the origin (or become the copier) without trying it first.
+    const rpc::VolumeOpRequest* op = req;
+    rpc::VolumeOpRequest with_dead;
+    if (req->has_copying()) {
+      const NodeView view = units_.nodes->View();
+      for (size_t i = 0; i < view.alive.size() && i < view.members->nodes.size(); ++i) {
+        if (view.alive[i]) continue;
+        if (op == req) {
+          with_dead = *req;
+          op = &with_dead;
+        }
+        with_dead.mutable_copying()->add_unreachable(view.members->nodes[i].id);
+      }
+    }
+    absl::StatusOr<rpc::VolumeOpReply> reply = units_.volumes->Apply(*op);
     if (reply.ok()) {
       *resp = std::move(*reply);
       return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "meta/meta_client.h"
@@ -515,6 +516,73 @@ TEST_F(MetaIntegrationTest, LargeManifestBoundedMemoryAndPaged) {
   }
   EXPECT_EQ(count, 1u + kDirs + kDirs * kPerDir);
   EXPECT_GT(pages, 10u);
+}
+
+// The node meta names to read a volume file's origin copy for everyone (the copier) is replaced
+// once its lease runs out, not only once a caller says it could not reach it.
+TEST_F(LeaseTest, AVolumeFilesCopierWhoseLeaseRanOutIsReplaced) {
+  fs::create_directories(dir_.Sub("ckpt-up"));
+  ASSERT_EQ(Ember({"volume", "add", "ckpt", dir_.Sub("ckpt-up")}).exit_code, 0);
+  auto& c = meta_->client();
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(
+        c.RegisterNode(MakeNode(absl::StrCat("n", i), absl::StrCat("127.0.0.", i + 1, ":7001")))
+            .ok());
+  }
+  // n2 heartbeats throughout; n3 until it has been named the copier.
+  std::atomic<bool> stop{false}, n3_beats{true};
+  std::thread beat([&] {
+    while (!stop) {
+      (void)c.Heartbeat("n2", rpc::NodeStats());
+      if (n3_beats) (void)c.Heartbeat("n3", rpc::NodeStats());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  absl::Cleanup join = [&] {
+    stop = true;
+    beat.join();
+  };
+  rpc::VolumeOpRequest cr;
+  cr.set_volume("ckpt");
+  cr.mutable_create()->set_parent(1);
+  cr.mutable_create()->set_name("rank0.pt");
+  cr.mutable_create()->set_node("n1");
+  auto file = c.VolumeOp(cr);
+  ASSERT_TRUE(file.ok()) << file.status();
+  rpc::VolumeOpRequest commit;
+  commit.set_volume("ckpt");
+  commit.mutable_commit()->set_ino(file->inode().ino());
+  commit.mutable_commit()->set_node("n1");
+  commit.mutable_commit()->set_file_id(file->inode().writing_file_id());
+  commit.mutable_commit()->set_size(5);
+  commit.mutable_commit()->add_checksums(42);
+  commit.mutable_commit()->add_holders("n1");
+  ASSERT_TRUE(c.VolumeOp(commit).ok());
+  auto copier = [&](const std::string& node) -> std::string {
+    rpc::VolumeOpRequest r;
+    r.set_volume("ckpt");
+    r.mutable_copying()->set_ino(file->inode().ino());
+    r.mutable_copying()->set_file_id(file->inode().writing_file_id());
+    r.mutable_copying()->set_node(node);
+    auto got = c.VolumeOp(r);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() && got->inode().copiers_size() > 0 ? got->inode().copiers(0) : "";
+  };
+  EXPECT_EQ(copier("n3"), "n3");
+  EXPECT_EQ(copier("n2"), "n3");  // alive: n2 copies n3's copy
+  n3_beats = false;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto nodes = c.ListNodes();
+        if (!nodes.ok()) return false;
+        for (const auto& n : *nodes) {
+          if (n.id() == "n3") return n.state() == rpc::Node::DEAD;
+        }
+        return false;
+      },
+      std::chrono::seconds(5)));
+  EXPECT_EQ(copier("n2"), "n2");  // n3's lease ran out: n2 reads the origin
+  EXPECT_EQ(copier("n2"), "n2");
 }
 
 TEST_F(MetaIntegrationTest, VolumesAreManagedFromTheCliAndTheirTreeSurvivesKill9) {
