@@ -38,6 +38,29 @@ class MetaIntegrationTest : public ::testing::Test {
     fs::create_symlink("sub/b.txt", dir_.Sub("origin/link"));
   }
 
+  // Creates `name` under directory `parent` of volume "ckpt" as written by node n1 and commits
+  // 5 bytes of it held by n1. Returns: the create's reply (the inode and its contents id).
+  absl::StatusOr<rpc::VolumeOpReply> CommitFile(uint64_t parent, const std::string& name) {
+    rpc::VolumeOpRequest cr;
+    cr.set_volume("ckpt");
+    cr.mutable_create()->set_parent(parent);
+    cr.mutable_create()->set_name(name);
+    cr.mutable_create()->set_node("n1");
+    auto file = meta_->client().VolumeOp(cr);
+    if (!file.ok()) return file.status();
+    rpc::VolumeOpRequest commit;
+    commit.set_volume("ckpt");
+    commit.mutable_commit()->set_ino(file->inode().ino());
+    commit.mutable_commit()->set_node("n1");
+    commit.mutable_commit()->set_file_id(file->inode().writing_file_id());
+    commit.mutable_commit()->set_size(5);
+    commit.mutable_commit()->add_checksums(42);
+    commit.mutable_commit()->add_holders("n1");
+    auto done = meta_->client().VolumeOp(commit);
+    if (!done.ok()) return done.status();
+    return file;
+  }
+
   testing::RunResult Ember(std::vector<std::string> args) {
     args.push_back("--meta");
     args.push_back(meta_->address());
@@ -542,22 +565,8 @@ TEST_F(LeaseTest, AVolumeFilesCopierWhoseLeaseRanOutIsReplaced) {
     stop = true;
     beat.join();
   };
-  rpc::VolumeOpRequest cr;
-  cr.set_volume("ckpt");
-  cr.mutable_create()->set_parent(1);
-  cr.mutable_create()->set_name("rank0.pt");
-  cr.mutable_create()->set_node("n1");
-  auto file = c.VolumeOp(cr);
+  auto file = CommitFile(1, "rank0.pt");
   ASSERT_TRUE(file.ok()) << file.status();
-  rpc::VolumeOpRequest commit;
-  commit.set_volume("ckpt");
-  commit.mutable_commit()->set_ino(file->inode().ino());
-  commit.mutable_commit()->set_node("n1");
-  commit.mutable_commit()->set_file_id(file->inode().writing_file_id());
-  commit.mutable_commit()->set_size(5);
-  commit.mutable_commit()->add_checksums(42);
-  commit.mutable_commit()->add_holders("n1");
-  ASSERT_TRUE(c.VolumeOp(commit).ok());
   auto copier = [&](const std::string& node) -> std::string {
     rpc::VolumeOpRequest r;
     r.set_volume("ckpt");
@@ -605,22 +614,8 @@ TEST_F(MetaIntegrationTest, VolumesAreManagedFromTheCliAndTheirTreeSurvivesKill9
   ASSERT_TRUE(made.ok()) << made.status();
   auto again = meta_->client().VolumeOp(mk);
   EXPECT_EQ(CarriedErrno(again.status()), EEXIST) << again.status();
-  rpc::VolumeOpRequest cr;
-  cr.set_volume("ckpt");
-  cr.mutable_create()->set_parent(made->inode().ino());
-  cr.mutable_create()->set_name("rank0.pt");
-  cr.mutable_create()->set_node("n1");
-  auto file = meta_->client().VolumeOp(cr);
+  auto file = CommitFile(made->inode().ino(), "rank0.pt");
   ASSERT_TRUE(file.ok()) << file.status();
-  rpc::VolumeOpRequest commit;
-  commit.set_volume("ckpt");
-  commit.mutable_commit()->set_ino(file->inode().ino());
-  commit.mutable_commit()->set_node("n1");
-  commit.mutable_commit()->set_file_id(file->inode().writing_file_id());
-  commit.mutable_commit()->set_size(5);
-  commit.mutable_commit()->add_checksums(42);
-  commit.mutable_commit()->add_holders("n1");
-  ASSERT_TRUE(meta_->client().VolumeOp(commit).ok());
 
   meta_->Kill(SIGKILL);
   meta_->Restart();
