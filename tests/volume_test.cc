@@ -114,18 +114,33 @@ class VolumeTest : public ::testing::Test {
   }
 
   // `metrics`: set to the address its /metrics is served on.
-  std::unique_ptr<NodeProcess> Node(const std::string& id, int host,
-                                    std::string* metrics = nullptr) {
+  // `extra`: more flags.
+  std::unique_ptr<NodeProcess> Node(const std::string& id, int host, std::string* metrics = nullptr,
+                                    const std::vector<std::string>& extra = {}) {
     NodeProcess::Options o;
     o.id = id;
     o.listen_host = absl::StrCat("127.0.0.", host);
+    o.extra_args = extra;
     if (metrics != nullptr) {
       *metrics = absl::StrCat("127.0.0.1:", testing::FreePort());
-      o.extra_args = {"--metrics-listen", *metrics};
+      o.extra_args.push_back("--metrics-listen");
+      o.extra_args.push_back(*metrics);
     }
     auto n = std::make_unique<NodeProcess>(dir_.Sub(id), meta_->address(), o);
     if (!n->Start()) return nullptr;
     return n;
+  }
+
+  // Waits until meta lists node `id` as dead (its lease ran out); false after 20 s.
+  bool DeadInMeta(const std::string& id) {
+    return testing::WaitFor(
+        [&] {
+          auto nodes = meta_->client().ListNodes();
+          return nodes.ok() && std::any_of(nodes->begin(), nodes->end(), [&](const rpc::Node& n) {
+                   return n.id() == id && n.state() == rpc::Node::DEAD;
+                 });
+        },
+        std::chrono::seconds(20));
   }
 
   // How many volume contents `node` holds on its disk (whole or being written).
@@ -376,14 +391,7 @@ TEST_F(VolumeTest, NodesRestoringAFileAtOnceReadTheOriginOnceBetweenThem) {
   ASSERT_EQ(Save(A("step.pt"), data), 0);
   ASSERT_TRUE(WaitFor("step.pt", "persisted", "step.pt"));
   a_->Kill(SIGKILL);
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        auto nodes = meta_->client().ListNodes();
-        return nodes.ok() && std::any_of(nodes->begin(), nodes->end(), [](const rpc::Node& n) {
-                 return n.id() == "n1" && n.state() == rpc::Node::DEAD;
-               });
-      },
-      std::chrono::seconds(20)));
+  ASSERT_TRUE(DeadInMeta("n1"));
   b_.reset();  // started again with its metrics served
   std::string mb, mc, md;
   b_ = Node("n2", 52, &mb);
@@ -424,6 +432,33 @@ TEST_F(VolumeTest, NodesRestoringAFileAtOnceReadTheOriginOnceBetweenThem) {
   ASSERT_TRUE(f);
   EXPECT_TRUE(Load(f->mount() + "/ckpt/step.pt") == data);
   EXPECT_EQ(origin_bytes(mf), static_cast<double>(data.size()));
+}
+
+// A copier that dropped its copy for room is replaced by the next node at once: it answers that
+// it neither copies nor holds the contents, and that node reads the origin itself.
+TEST_F(VolumeTest, ACopierThatDroppedItsCopyForRoomIsReplacedByTheNextNode) {
+  const std::string step = Random(8 * kMiB + 5, 43), other = Random(8 * kMiB, 44);
+  ASSERT_EQ(Save(A("step.pt"), step), 0);
+  ASSERT_EQ(Save(A("other.pt"), other), 0);
+  ASSERT_TRUE(WaitFor("step.pt", "persisted", "step.pt"));
+  ASSERT_TRUE(WaitFor("other.pt", "persisted", "other.pt"));
+  a_->Kill(SIGKILL);  // no holder left: restores read the origin through a copier
+  ASSERT_TRUE(DeadInMeta("n1"));
+  // n2 has room for one of the two: it copies step.pt from the origin (meta names it the
+  // copier), then drops that copy to make room for other.pt.
+  b_.reset();
+  b_ = Node("n2", 52, nullptr, {"--volume-space", "12MiB"});
+  ASSERT_TRUE(b_);
+  EXPECT_TRUE(Load(b_->mount() + "/ckpt/step.pt") == step);
+  EXPECT_TRUE(Load(b_->mount() + "/ckpt/other.pt") == other);
+  EXPECT_EQ(Copies(*b_), 1);
+  std::string mc;
+  auto c = Node("n3", 53, &mc);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(Load(c->mount() + "/ckpt/step.pt") == step);
+  EXPECT_NE(c->Log().find("neither copies nor holds"), std::string::npos) << c->Log();
+  EXPECT_EQ(MetricSample(HttpGet(mc, "/metrics"), "ember_volume_origin_read_bytes_total"),
+            static_cast<double>(step.size()));
 }
 
 // The origin's files, relative to it (regular files only, hidden temp names included).
