@@ -13,6 +13,9 @@
 // origin's copy when uploaded); failing them all, the READ fails with EIO naming each, and the
 // next READ asks again.
 //
+// Block buffers outlive their stream for a while: a closed stream's go to a pool the next
+// stream takes from (kBufferPool, kBufferIdle).
+//
 // Thread-safe. The destructor waits for the fetches in flight (no READ may be waiting then).
 #pragma once
 
@@ -28,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cachefs/filesystem.h"
 #include "cachefs/volume/volume_store.h"
 
@@ -51,9 +55,18 @@ class VolumeStream {
   // blocks held in `out`. Returns: Ok; EIO naming the block and why it could not be had.
   absl::Status Read(uint64_t offset, size_t size, ReadResult* out) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Frees block buffers of closed streams kept longer than kBufferIdle (VolumeUploader's loop
+  // calls it every pass; taking or giving back a buffer does too).
+  static void ReleaseIdleBuffers();
+
   static constexpr uint64_t kAhead = 64ull << 20;  // read ahead of a reader going straight on
   static constexpr uint64_t kBatch = 32ull << 20;  // asked of the holders in one request
   static constexpr size_t kWorkers = 2;            // requests in flight
+  // A closed stream's buffers wait for the next stream's blocks (a restore opens file after
+  // file; new memory costs a fault per page, and on this VM each first touch an exit): up to
+  // kBufferPool bytes of them, each for at most kBufferIdle.
+  static constexpr uint64_t kBufferPool = 512ull << 20;
+  static constexpr absl::Duration kBufferIdle = absl::Seconds(30);
 
  private:
   struct Block {

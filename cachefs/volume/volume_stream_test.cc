@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +33,7 @@ std::string Bytes(size_t n, uint64_t seed) {
 // every batch while `down`; counts the blocks asked of it.
 struct FakeHolder {
   std::string data;
+  uint64_t block = kBlock;
   std::set<uint64_t> bad;
   std::atomic<bool> down{false};
   std::atomic<int> asked{0};
@@ -38,7 +42,7 @@ struct FakeHolder {
       if (down) return absl::UnavailableError("connection refused");
       for (auto& p : pieces) {
         asked++;
-        std::memcpy(p.buf, data.data() + p.index * kBlock, p.len);
+        std::memcpy(p.buf, data.data() + p.index * block, p.len);
         if (bad.count(p.index) > 0) p.buf[p.len / 2] ^= 1;
       }
       return absl::OkStatus();
@@ -46,10 +50,10 @@ struct FakeHolder {
   }
 };
 
-std::vector<uint64_t> SumsOf(const std::string& data) {
+std::vector<uint64_t> SumsOf(const std::string& data, uint64_t block = kBlock) {
   std::vector<uint64_t> sums;
-  for (size_t at = 0; at < data.size(); at += kBlock) {
-    sums.push_back(BlockChecksum(data.data() + at, std::min<size_t>(kBlock, data.size() - at)));
+  for (size_t at = 0; at < data.size(); at += block) {
+    sums.push_back(BlockChecksum(data.data() + at, std::min<size_t>(block, data.size() - at)));
   }
   return sums;
 }
@@ -86,14 +90,57 @@ TEST(VolumeStreamTest, ReadsStraightOnAndByJumpsGiveTheHoldersBytesAndStopAtTheE
   }
 }
 
+// A closed stream's block buffers serve the next stream's blocks (with that stream's bytes),
+// except one a reply still holds.
+TEST(VolumeStreamTest, AClosedStreamsBuffersServeTheNextStreamButNotWhileAReplyHoldsOne) {
+  const uint64_t block = kBlock + 4096;  // a size of this test's own in the pool
+  auto bases = [block](const ReadResult& r, uint64_t offset) {
+    std::set<const char*> out;
+    for (const auto& seg : r.segments) {
+      out.insert(seg.data - offset % block);
+      offset += seg.len;
+    }
+    return out;
+  };
+  FakeHolder h1, h2;
+  h1.data = Bytes(6 * block, 7);
+  h2.data = Bytes(6 * block, 8);
+  h1.block = h2.block = block;
+  std::set<const char*> first;
+  ReadResult held;  // block 0 of the first stream, as a reply in flight holds it
+  {
+    VolumeStream s1("f1", 1, h1.data.size(), block, SumsOf(h1.data, block),
+                    {{"node a", h1.Reader()}});
+    ASSERT_TRUE(s1.Read(0, block, &held).ok());
+    for (uint64_t b = 1; b < 6; ++b) {
+      ReadResult r;
+      ASSERT_TRUE(s1.Read(b * block, block, &r).ok());
+      EXPECT_TRUE(Gather(r) == h1.data.substr(b * block, block));
+      first.merge(bases(r, b * block));
+    }
+  }
+  const std::set<const char*> held_base = bases(held, 0);
+  VolumeStream s2("f2", 2, h2.data.size(), block, SumsOf(h2.data, block),
+                  {{"node a", h2.Reader()}});
+  std::set<const char*> second;
+  for (uint64_t b = 0; b < 6; ++b) {
+    ReadResult r;
+    ASSERT_TRUE(s2.Read(b * block, block, &r).ok());
+    EXPECT_TRUE(Gather(r) == h2.data.substr(b * block, block)) << b;
+    second.merge(bases(r, b * block));
+  }
+  std::vector<const char*> reused;
+  std::set_intersection(first.begin(), first.end(), second.begin(), second.end(),
+                        std::back_inserter(reused));
+  EXPECT_FALSE(reused.empty()) << "no buffer of the closed stream was used again";
+  for (const char* b : held_base) EXPECT_EQ(second.count(b), 0u) << "a held buffer was reused";
+  EXPECT_TRUE(Gather(held) == h1.data.substr(0, block));
+}
+
 TEST(VolumeStreamTest, BlocksOfHugePagesServeTheirBytes) {
   const uint64_t block = 2u << 20;  // kept in huge pages
   const std::string data = Bytes(3 * block + 5, 7);
-  std::vector<uint64_t> sums;
-  for (size_t at = 0; at < data.size(); at += block) {
-    sums.push_back(BlockChecksum(data.data() + at, std::min<size_t>(block, data.size() - at)));
-  }
-  VolumeStream s("f", 9, data.size(), block, sums,
+  VolumeStream s("f", 9, data.size(), block, SumsOf(data, block),
                  {{"node a", [&](std::vector<VolumeStore::Piece>& pieces) {
                      for (auto& p : pieces)
                        std::memcpy(p.buf, data.data() + p.index * block, p.len);

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "cachefs/volume/volume_stream.h"
 #include "common/file_io.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -73,6 +74,7 @@ void VolumeUploader::Loop() {
       if (stop_) return;
       nudged_ = false;
     }
+    VolumeStream::ReleaseIdleBuffers();  // a restore's buffers, once it has been over a while
     if (absl::StatusOr<int> done = Pass(); !done.ok()) {
       spdlog::debug("volume uploads: {}", std::string(done.status().message()));
     }
