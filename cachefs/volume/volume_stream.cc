@@ -20,7 +20,8 @@
 namespace ember::cachefs {
 namespace {
 
-// Buffers of closed streams (VolumeStream::kBufferPool, kBufferIdle), newest last.
+// Buffers of dropped blocks, of every stream (VolumeStream::kBufferPool, kBufferIdle), newest
+// last.
 class BufferPool {
  public:
   static BufferPool& Get() {
@@ -41,14 +42,12 @@ class BufferPool {
     }
     return nullptr;
   }
-  void Give(std::vector<std::pair<std::shared_ptr<char[]>, size_t>> bufs) ABSL_LOCKS_EXCLUDED(mu_) {
+  void Give(std::shared_ptr<char[]> buf, size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (buf == nullptr) return;
     const absl::Time now = absl::Now();
     absl::MutexLock lock(&mu_);
-    for (auto& [buf, size] : bufs) {
-      if (buf == nullptr) continue;
-      bytes_ += size;
-      kept_.push_back(Kept{std::move(buf), size, now});
-    }
+    bytes_ += size;
+    kept_.push_back(Kept{std::move(buf), size, now});
     TrimLocked(now);
   }
   void Trim() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -93,13 +92,8 @@ VolumeStream::~VolumeStream() {
     workers.swap(workers_);
   }
   for (auto& t : workers) t.join();
-  std::vector<std::pair<std::shared_ptr<char[]>, size_t>> bufs;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [b, blk] : blocks_) bufs.emplace_back(std::move(blk.buf), block_size_);
-    for (auto& buf : spare_) bufs.emplace_back(std::move(buf), block_size_);
-  }
-  BufferPool::Get().Give(std::move(bufs));
+  absl::MutexLock lock(&mu_);
+  for (auto& [b, blk] : blocks_) BufferPool::Get().Give(std::move(blk.buf), block_size_);
 }
 
 void VolumeStream::ReleaseIdleBuffers() { BufferPool::Get().Trim(); }
@@ -111,14 +105,7 @@ void VolumeStream::WantLocked(uint64_t b) {
 }
 
 std::shared_ptr<char[]> VolumeStream::BufferLocked() {
-  // A dropped block's buffer once no reply holds it (new memory costs a page fault per page).
-  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
-    if (it->use_count() == 1) {
-      std::shared_ptr<char[]> buf = std::move(*it);
-      spare_.erase(it);
-      return buf;
-    }
-  }
+  // A dropped block's buffer (this stream's or a closed one's) once no reply holds it.
   if (std::shared_ptr<char[]> buf = BufferPool::Get().Take(block_size_); buf != nullptr) {
     return buf;
   }
@@ -202,7 +189,7 @@ void VolumeStream::Work() {
       blk.ready = true;
       blk.status = st[k];
       if (!st[k].ok()) {
-        spare_.push_back(std::move(blk.buf));
+        BufferPool::Get().Give(std::move(blk.buf), block_size_);
         blk.buf = nullptr;
       }
     }
@@ -258,7 +245,7 @@ absl::Status VolumeStream::Read(uint64_t offset, size_t size, ReadResult* out) {
       ahead_.erase(it->first);
       it = blocks_.erase(it);
     } else if ((behind || far) && it->second.ready) {
-      if (it->second.buf != nullptr) spare_.push_back(std::move(it->second.buf));
+      BufferPool::Get().Give(std::move(it->second.buf), block_size_);
       it = blocks_.erase(it);
     } else {
       ++it;

@@ -13,8 +13,8 @@
 // origin's copy when uploaded); failing them all, the READ fails with EIO naming each, and the
 // next READ asks again.
 //
-// Block buffers outlive their stream for a while: a closed stream's go to a pool the next
-// stream takes from (kBufferPool, kBufferIdle).
+// Block buffers of dropped blocks, and of a closed stream, go to one pool every stream takes
+// from (kBufferPool, kBufferIdle).
 //
 // Thread-safe. The destructor waits for the fetches in flight (no READ may be waiting then).
 #pragma once
@@ -93,10 +93,9 @@ class VolumeStream {
   const std::vector<Source> sources_;
 
   absl::Mutex mu_;
-  std::map<uint64_t, Block> blocks_ ABSL_GUARDED_BY(mu_);            // wanted, in flight or held
-  std::set<uint64_t> urgent_ ABSL_GUARDED_BY(mu_);                   // wanted by a waiting READ
-  std::set<uint64_t> ahead_ ABSL_GUARDED_BY(mu_);                    // wanted ahead of a reader
-  std::vector<std::shared_ptr<char[]>> spare_ ABSL_GUARDED_BY(mu_);  // buffers of dropped blocks
+  std::map<uint64_t, Block> blocks_ ABSL_GUARDED_BY(mu_);  // wanted, in flight or held
+  std::set<uint64_t> urgent_ ABSL_GUARDED_BY(mu_);         // wanted by a waiting READ
+  std::set<uint64_t> ahead_ ABSL_GUARDED_BY(mu_);          // wanted ahead of a reader
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;       // the block after the last READ's (straight on?)
   uint64_t ahead_end_ ABSL_GUARDED_BY(mu_) = 0;  // read ahead asked up to here (exclusive)
   std::multiset<std::pair<uint64_t, uint64_t>> reading_ ABSL_GUARDED_BY(mu_);  // READs waiting
