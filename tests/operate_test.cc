@@ -231,6 +231,51 @@ TEST_F(OperateTest, NoOpenMountReadsFilesWithoutOpenRequests) {
   ASSERT_TRUE(n.Stop()) << n.Log();
 }
 
+// --fuse-request-size: a large read() of a file the agent serves comes in READ requests of that
+// size (4 MiB by default, a whole block each; the agent raises fs.fuse.max_pages_limit, as root,
+// where the kernel has it), and of 1 MiB when that is asked for.
+TEST_F(OperateTest, ReadRequestsAreAsLargeAsTheNodeAsks) {
+  const std::string origin = dir_.Sub("big-origin");
+  fs::create_directories(origin);
+  constexpr size_t kSize = 16 << 20;
+  WriteRandomFile(origin + "/big.bin", kSize, 7);
+  auto add = RunEmber({"dataset", "add", "big", origin, "--meta", meta_->address()});
+  ASSERT_EQ(add.exit_code, 0) << add.err;
+  const bool can_raise = fs::exists("/proc/sys/fs/fuse/max_pages_limit") && geteuid() == 0;
+  for (const char* size : {"4MiB", "1MiB"}) {
+    NodeProcess::Options o;
+    o.id = absl::StrCat("rq", size);
+    o.cache_size = "64MiB";
+    const std::string maddr = absl::StrCat("127.0.0.1:", testing::FreePort());
+    // No opens: nothing goes through passthrough once the file is resident.
+    o.extra_args = {"--metrics-listen", maddr, "--fuse-no-open", "--fuse-request-size", size};
+    NodeProcess n(dir_.Sub(o.id), meta_->address(), o);
+    ASSERT_TRUE(n.Start());
+    auto reads = [&] {
+      return std::max(0.0, MetricSample(HttpGet(maddr, "/metrics"),
+                                        "ember_fuse_request_seconds_count{op=\"read\"}"));
+    };
+    const std::string path = n.mount() + "/big/big.bin";
+    ASSERT_EQ(ReadFile(path), ReadFile(origin + "/big.bin"));  // now resident on the node
+    int fd = open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    const double before = reads();
+    std::string buf(kSize, '\0');
+    ASSERT_EQ(pread(fd, buf.data(), kSize, 0), static_cast<ssize_t>(kSize));
+    close(fd);
+    EXPECT_EQ(buf, ReadFile(origin + "/big.bin"));
+    const double asked = reads() - before;
+    if (std::string(size) == "1MiB") {
+      EXPECT_GE(asked, 16) << "requests larger than the 1 MiB asked for";
+    } else if (can_raise) {
+      EXPECT_GE(asked, 4);
+      EXPECT_LE(asked, 6) << "a 16 MiB read took " << asked << " requests, not 4 MiB ones";
+    }
+    ASSERT_TRUE(n.Stop()) << n.Log();
+  }
+}
+
 TEST_F(OperateTest, PrometheusScrapesANodeAndAnswersAQuery) {
   if (!fs::exists("/usr/bin/prometheus"))
     GTEST_SKIP() << "prometheus not installed (Debian package prometheus)";

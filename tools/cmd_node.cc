@@ -59,6 +59,7 @@ struct NodeFlags {
   bool fuse_uring = false;
   bool fuse_no_open = false;
   std::string fuse_readahead = "4MiB";
+  std::string fuse_request = "4MiB";
   bool takeover = false;
   bool supervise = false;
   std::string ready_file;
@@ -121,6 +122,10 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
               "Serve every read through the agent, also of fully cached files");
   c->add_option("--fuse-readahead", f->fuse_readahead,
                 "Readahead window of the mount for reads served by the agent (0: kernel default)")
+      ->capture_default_str();
+  c->add_option("--fuse-request-size", f->fuse_request,
+                "Largest FUSE read request (kernel binding; 4KiB..4MiB; above 1MiB the agent "
+                "raises fs.fuse.max_pages_limit when it is root)")
       ->capture_default_str();
   c->add_flag("--readdirplus", f->readdirplus,
               "Listings carry attributes (faster `ls -l`; `find` and scandir of large folders "
@@ -260,6 +265,12 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   if (!ra.ok()) Fail(ra.status());
   if (*ra > (1ull << 30)) Fail("--fuse-readahead must be at most 1GiB");
   o.mount.readahead_kb = static_cast<uint32_t>(*ra / 1024);
+  auto rq = ParseSize(f.fuse_request);
+  if (!rq.ok()) Fail(rq.status());
+  if (*rq < 4096 || *rq > (4u << 20) || *rq % 4096 != 0) {
+    Fail("--fuse-request-size must be a multiple of 4KiB from 4KiB to 4MiB");
+  }
+  o.mount.max_pages = static_cast<uint32_t>(*rq / 4096);
   if (!f.labels.empty()) {
     for (const std::string& part :
          std::vector<std::string>(absl::StrSplit(f.labels, ',', absl::SkipEmpty()))) {

@@ -26,6 +26,10 @@ struct MountOptions {
   // sequential reader of a file served by the agent gets requests of up to 1 MiB with this much
   // in flight. 0 keeps the kernel's. Kernel binding; needs root (else the default stays).
   uint32_t readahead_kb = 4096;
+  // Kernel binding: the largest READ request, in 4 KiB pages (at most kMaxPages: 4 MiB, a whole
+  // block; the kernel's own limit is fs.fuse.max_pages_limit, raised to this at mount when
+  // lower and this process is root, else requests are that limit's size, 1 MiB by default).
+  uint32_t max_pages = 1024;
   // READDIRPLUS: listings carry every entry's attributes, so `ls -l` or a stat after a listing
   // needs no LOOKUP, but the kernel then builds an inode per entry even for `find`/`scandir`,
   // which need only names and types (4-5x slower listings of large folders). Off by default.

@@ -30,12 +30,17 @@ class Histogram;
 
 namespace ember::cachefs {
 
-inline constexpr int kNotifyResend = 7;     // FUSE_NOTIFY_RESEND (7.40): requeue requests
-inline constexpr uint32_t kOurMinor = 40;   // what we speak: 7.40 (passthrough)
-inline constexpr uint32_t kMaxPages = 256;  // 1 MiB read requests
+inline constexpr int kNotifyResend = 7;    // FUSE_NOTIFY_RESEND (7.40): requeue requests
+inline constexpr uint32_t kOurMinor = 40;  // what we speak: 7.40 (passthrough)
+// Pages per request we ask for: 4 MiB READs, a whole block each. The kernel clamps this to
+// fs.fuse.max_pages_limit (256 by default), which the agent raises before it mounts
+// (RaiseFuseMaxPagesLimit) when it may.
+inline constexpr uint32_t kMaxPages = 1024;
 inline constexpr size_t kMaxRead = kMaxPages * 4096;
-// A request: headers and a name, or a volume write of up to kMaxRead bytes (max_write).
-inline constexpr size_t kRequestBuffer = kMaxRead + 4096;
+// Volume writes come in requests of up to 1 MiB (max_write).
+inline constexpr size_t kMaxWrite = 1u << 20;
+// A request: headers and a name, or a volume write of up to kMaxWrite bytes.
+inline constexpr size_t kRequestBuffer = kMaxWrite + 4096;
 
 // fuse_init_out and fuse_open_out as of 7.40 (the older header calls the new fields unused).
 struct InitOut {

@@ -47,6 +47,8 @@ absl::StatusOr<std::unique_ptr<KernelFuse>> KernelFuse::Mount(FileSystem* fs,
   k->fs_ = fs;
   k->options_ = options;
   static const fuse_lowlevel_ops kNoOps = {};  // we read /dev/fuse ourselves
+  k->options_.max_pages = std::clamp<uint32_t>(options.max_pages, 1, kMaxPages);
+  RaiseFuseMaxPagesLimit(k->options_.max_pages);  // read at mount: before it
   auto session = MountSession(mountpoint, options, /*writable=*/!options.no_open, &kNoOps, nullptr,
                               &k->mountpoint_);
   if (!session.ok()) return session.status();
@@ -150,9 +152,9 @@ bool KernelFuse::HandleInit() {
   out.flags2 = static_cast<uint32_t>(flags >> 32);
   out.max_background = 64;
   out.congestion_threshold = 48;
-  out.max_write = kMaxRead;  // volumes take writes (datasets answer EROFS)
+  out.max_write = kMaxWrite;  // volumes take writes (datasets answer EROFS)
   out.time_gran = 1;
-  out.max_pages = kMaxPages;
+  out.max_pages = static_cast<uint16_t>(std::clamp<uint32_t>(options_.max_pages, 1, kMaxPages));
   const bool passthrough = (flags & FUSE_PASSTHROUGH) != 0;
   negotiated_passthrough_ = passthrough;
   direct_io_mmap_ = (flags & FUSE_DIRECT_IO_ALLOW_MMAP) != 0;
@@ -170,7 +172,8 @@ bool KernelFuse::HandleInit() {
   if (flags & kFuseOverIoUring) {
     // Requests block in the kernel until every CPU's queue has an entry: register now.
     auto u = FuseUring::Start(
-        fd_, kMaxRead, options_.uring_threads_per_cpu,
+        fd_, std::max<size_t>(kMaxWrite, size_t{out.max_pages} * 4096),
+        options_.uring_threads_per_cpu,
         [this](const char* msg, size_t len, RingReply* reply) {
           thread_local ReplyScratch scratch;
           DispatchRequest(fs_, files_.get(), Channel{-1, reply}, msg, len, &scratch);
