@@ -4,6 +4,9 @@
 //
 //   restore_floor OUTDIR FILE...
 //   restore_floor --touch MIB     touches MIB of new memory and frees it (see TouchFreeMemory)
+//   restore_floor --zerocopy FILE sends FILE over loopback and receives it with
+//                                 TCP_ZEROCOPY_RECEIVE: prints the share of bytes the kernel
+//                                 mapped instead of copying (could a receiver skip its copy?)
 //
 // One stream per FILE, all at once, as a restore's readers are. A sender thread per stream
 // sendfile()s its FILE over loopback TCP (the FILE's page cache dropped first with
@@ -19,6 +22,7 @@
 //   read   + a reader pread()s each block back from OUTDIR into its own buffer (what a reader of
 //          a passthrough-opened copy costs).
 #include <fcntl.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -137,6 +141,65 @@ double Run(const std::string& outdir, const std::vector<std::string>& files, Pas
   return static_cast<double>(total) / 1048576.0 / secs;
 }
 
+// Sends FILE (from the page cache) over loopback TCP and receives it through a mapped window with
+// TCP_ZEROCOPY_RECEIVE, what the kernel cannot map read the usual way. Prints bytes mapped and
+// copied; returns: false on an error.
+bool ZeroCopyProbe(const std::string& file) {
+  int fd = open(file.c_str(), O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    std::perror(file.c_str());
+    return false;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  int port = 0;
+  auto lfd = ListenTcp("127.0.0.1:0", &port);
+  if (!lfd.ok()) return false;
+  std::thread sender([&] {
+    int c = accept(*lfd, nullptr, nullptr);
+    if (c >= 0) {
+      (void)SendFileFull(c, fd, 0, size);
+      close(c);
+    }
+  });
+  auto c = ConnectTcp(absl::StrCat("127.0.0.1:", port), std::chrono::seconds(1),
+                      std::chrono::seconds(30));
+  bool ok = c.ok();
+  uint64_t mapped = 0, copied = 0;
+  void* window = ok ? mmap(nullptr, kBlock, PROT_READ, MAP_SHARED, *c, 0) : MAP_FAILED;
+  if (ok && window == MAP_FAILED) {
+    std::perror("mmap of the socket");
+    ok = false;
+  }
+  std::vector<char> buf(kBlock);
+  while (ok && mapped + copied < size) {
+    tcp_zerocopy_receive z{};
+    z.address = reinterpret_cast<uint64_t>(window);
+    z.length = kBlock;
+    socklen_t zlen = sizeof(z);
+    if (getsockopt(*c, IPPROTO_TCP, TCP_ZEROCOPY_RECEIVE, &z, &zlen) != 0) {
+      std::perror("TCP_ZEROCOPY_RECEIVE");
+      ok = false;
+      break;
+    }
+    mapped += z.length;
+    const size_t skip = z.recv_skip_hint > 0 ? z.recv_skip_hint : (z.length == 0 ? 4096 : 0);
+    if (skip == 0) continue;
+    ssize_t n = recv(*c, buf.data(), std::min<size_t>(skip, kBlock), 0);
+    if (n <= 0) break;
+    copied += static_cast<uint64_t>(n);
+  }
+  sender.join();
+  if (window != MAP_FAILED) munmap(window, kBlock);
+  if (c.ok()) close(*c);
+  close(*lfd);
+  close(fd);
+  std::printf("zerocopy: %llu bytes mapped, %llu copied (%.1f%% mapped)\n",
+              static_cast<unsigned long long>(mapped), static_cast<unsigned long long>(copied),
+              size > 0 ? 100.0 * static_cast<double>(mapped) / static_cast<double>(size) : 0.0);
+  return ok && mapped + copied == size;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,8 +207,9 @@ int main(int argc, char** argv) {
     TouchFreeMemory(std::strtoull(argv[2], nullptr, 10) << 20);
     return 0;
   }
+  if (argc == 3 && std::string(argv[1]) == "--zerocopy") return ZeroCopyProbe(argv[2]) ? 0 : 1;
   if (argc < 3) {
-    std::fprintf(stderr, "usage: restore_floor OUTDIR FILE... | restore_floor --touch MIB\n");
+    std::fprintf(stderr, "usage: restore_floor OUTDIR FILE... | --touch MIB | --zerocopy FILE\n");
     return 2;
   }
   uint64_t total = 0;
