@@ -22,10 +22,7 @@ stop_all
 rm -rf "$WORK/a" "$WORK/b" "$WORK/c" "$WORK/meta" "$WORK/upload"
 mkdir -p "$WORK/upload"
 [ -f "$WORK/src" ] || "$B/read_bench" gen "$WORK/src" $((SHARD_MIB << 20)) 11 > /dev/null
-"$B/ember" meta --listen "127.0.0.1:$PORT" --data-dir "$WORK/meta" > "$WORK/meta.log" 2>&1 &
-PIDS+=($!)
-wait_for_log "$WORK/meta.log" "serving" "${PIDS[0]}"
-export EMBER_META=127.0.0.1:$PORT
+start_meta
 "$B/ember" volume add ckpt "$WORK/upload" > /dev/null
 start_node a 2 16GiB
 PA=$NODE_PID
