@@ -154,7 +154,7 @@ bool KernelFuse::HandleInit() {
   out.congestion_threshold = 48;
   out.max_write = kMaxWrite;  // volumes take writes (datasets answer EROFS)
   out.time_gran = 1;
-  out.max_pages = static_cast<uint16_t>(std::clamp<uint32_t>(options_.max_pages, 1, kMaxPages));
+  out.max_pages = static_cast<uint16_t>(options_.max_pages);  // clamped by Mount
   const bool passthrough = (flags & FUSE_PASSTHROUGH) != 0;
   negotiated_passthrough_ = passthrough;
   direct_io_mmap_ = (flags & FUSE_DIRECT_IO_ALLOW_MMAP) != 0;

@@ -154,25 +154,24 @@ bool SetMountReadahead(const std::string& mountpoint, uint32_t kb) {
   return true;
 }
 
-uint32_t RaiseFuseMaxPagesLimit(uint32_t pages) {
+void RaiseFuseMaxPagesLimit(uint32_t pages) {
   static constexpr char kPath[] = "/proc/sys/fs/fuse/max_pages_limit";
   uint32_t limit = 0;
   {
     std::ifstream in(kPath);
-    if (!(in >> limit)) return 0;  // older kernel: 256 pages, fixed
+    if (!(in >> limit)) return;  // older kernel: 256 pages, fixed
   }
-  if (limit >= pages) return limit;
+  if (limit >= pages) return;
   std::ofstream out(kPath);
   if (!(out << pages << "\n") || !out.flush()) {
     spdlog::info(
         "mount: {} is {} pages and cannot be raised to {} (not root?): reads come in "
         "requests of {} KiB",
         kPath, limit, pages, limit * 4);
-    return limit;
+    return;
   }
   spdlog::info("mount: raised {} from {} to {} pages ({} KiB FUSE requests)", kPath, limit, pages,
                pages * 4);
-  return pages;
 }
 
 }  // namespace ember::cachefs

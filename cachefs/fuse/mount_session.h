@@ -32,9 +32,9 @@ void LazyUnmount(const std::string& mountpoint);
 bool SetMountReadahead(const std::string& mountpoint, uint32_t kb);
 // Raises fs.fuse.max_pages_limit to `pages` when it is lower and this process may write it (the
 // kernel reads it when a FUSE file system mounts, and clamps the max_pages a daemon asks for to
-// it; it bounds no other mount). Returns: the limit in force afterwards (0 when the kernel has
-// no such setting, before 6.13); logs what it did or why it could not.
-uint32_t RaiseFuseMaxPagesLimit(uint32_t pages);
+// it; it bounds no other mount). Logs what it did or why it could not; a kernel without the
+// setting (before 6.13) keeps its fixed 256.
+void RaiseFuseMaxPagesLimit(uint32_t pages);
 // The per-operation FUSE request latency histogram (ember_fuse_request_seconds{op}) both
 // bindings report into.
 ::ember::metrics::Histogram* FuseOpHistogram(const std::string& op);
