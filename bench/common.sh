@@ -44,7 +44,7 @@ drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # Starts node NAME on 127.0.0.HOST (block server PORT+1, metrics PORT+2) with a SIZE cache and a
 # mount under $WORK/NAME, NODE_ARGS added; waits until it serves. Its pid: NODE_PID (also in PIDS).
 start_meta() {  # a meta on 127.0.0.1:$PORT with its data in $WORK/meta; exports EMBER_META
-  "$B/ember" meta --listen "127.0.0.1:$PORT" --data-dir "$WORK/meta" > "$WORK/meta.log" 2>&1 &
+  "$B/ember" meta --listen "127.0.0.1:$PORT" --data-dir "$WORK/meta" ${META_ARGS:-} > "$WORK/meta.log" 2>&1 &
   PIDS+=($!)
   wait_for_log "$WORK/meta.log" "serving" $!
   export EMBER_META=127.0.0.1:$PORT

@@ -192,7 +192,7 @@ absl::StatusOr<std::shared_ptr<const DatasetView>> PrefetchRunner::Plan(
     for (uint64_t i = 0; i * bs < node->size; i++, ordinal++) {
       uint64_t offset_from_owner = (static_cast<uint64_t>(k) + n - ordinal % n) % n;
       if (offset_from_owner < replicas) {
-        mine->push_back({id, i, ordinal});
+        mine->push_back({id, i, ordinal, static_cast<uint32_t>(files->size())});
         any = true;
       }
     }
@@ -218,7 +218,9 @@ void PrefetchRunner::Run(Running* r) {
   progress.set_node_id(node_id_);
   std::vector<Block> mine;
   std::vector<uint64_t> files;
+  const auto t_start = std::chrono::steady_clock::now();
   auto view = Plan(job, &mine, &files);
+  const auto t_plan = std::chrono::steady_clock::now();
   if (!view.ok()) {
     progress.set_finished(true);
     progress.set_note(absl::StrCat("cannot plan: ", view.status().message()));
@@ -235,17 +237,22 @@ void PrefetchRunner::Run(Running* r) {
   RateLimiter limiter(spec.origin_rate() / std::max(1, n));
   auto before_origin = [&](uint64_t bytes) { limiter.Acquire(bytes); };
 
-  std::map<uint64_t, FileRef> refs;
-  std::map<uint64_t, uint64_t> left_in_file;
+  // By the plan's file number (Block::file): a tiny-file dataset has hundreds of thousands.
+  std::vector<FileRef> refs;
+  refs.reserve(files.size());
+  for (uint64_t id : files) refs.push_back(MakeFileRef(**view, id));
+  std::vector<uint64_t> left_in_file(files.size(), 0);
   for (const auto& b : mine) {
-    if (!refs.count(b.file_id)) refs[b.file_id] = MakeFileRef(**view, b.file_id);
-    left_in_file[b.file_id]++;
-    const auto& ref = refs[b.file_id];
-    progress.set_bytes_total(progress.bytes_total() + ref.BlockLength(b.index));
+    left_in_file[b.file]++;
+    progress.set_bytes_total(progress.bytes_total() + refs[b.file].BlockLength(b.index));
   }
   progress.set_blocks_total(mine.size());
   progress.set_files_total(files.size());
-  spdlog::info("prefetch {}: {} blocks of {} for this node", job.id(), mine.size(), spec.dataset());
+  auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  spdlog::info(
+      "prefetch {}: {} blocks of {} for this node (planned in {} ms, {} ms more to set up)",
+      job.id(), mine.size(), spec.dataset(), ms(t_plan - t_start),
+      ms(std::chrono::steady_clock::now() - t_plan));
 
   struct Item {
     Block block;
@@ -268,42 +275,20 @@ void PrefetchRunner::Run(Running* r) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t pin_until = job.pin_until_unix_ms();
 
-  // Where each block is now, one call to meta per kLocateBatch blocks: a block a peer holds is
-  // fetched from it; this node's own blocks no peer holds go straight to the origin (no call to
-  // meta per block); the others wait for their owners. When meta says no other node holds any
-  // block of the version (a first prefetch), the rest are not asked about: in a tiny-file
-  // prefetch to three nodes that was 200 calls and 200,000 addresses per node, all unheld.
-  bool unheld = false;
-  for (size_t at = 0; at < mine.size(); at += kLocateBatch) {
-    const size_t end = std::min(mine.size(), at + kLocateBatch);
-    std::vector<BlockAddr> addrs;
-    for (size_t i = at; i < end; i++) {
-      addrs.push_back(refs.at(mine[i].file_id).Block(mine[i].index));
-    }
-    absl::StatusOr<std::vector<bool>> held = std::vector<bool>(addrs.size(), false);
-    if (!unheld) {
-      held = read_path_->HeldByPeers(addrs);
-      unheld = held.ok() && read_path_->LikelyUnheldByPeers(addrs.front());
-    }
-    absl::MutexLock lock(&mu);
-    for (size_t i = at; i < end; i++) {
-      const Block& b = mine[i];
-      const bool owner = b.ordinal % n == static_cast<uint64_t>(k);
-      const bool peer_has = held.ok() && (*held)[i - at];
-      if (owner) {
-        // Meta unreachable: each fill asks for itself (and reads the origin if it must).
-        own.push_back(
-            {b, held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin});
-      } else {
-        (peer_has ? located : waiting[b.ordinal % n]).push_back({b, FillRoute::kPeersOnly});
-      }
+  // Others' blocks wait for their owners (the poll below locates them a window at a time);
+  // this node's own blocks are located after the workers have started (below).
+  std::vector<Block> mine_own;
+  for (const Block& b : mine) {
+    if (b.ordinal % n == static_cast<uint64_t>(k)) {
+      mine_own.push_back(b);
+    } else {
+      waiting[b.ordinal % n].push_back({b, FillRoute::kPeersOnly});
     }
   }
-
   // Accounts for one block, once it is resident (or failed). REQUIRES: mu.
   auto account = [&](const Item& item, const absl::StatusOr<ReadPath::Source>& src) {
     const Block& b = item.block;
-    const FileRef& ref = refs.at(b.file_id);
+    const FileRef& ref = refs[b.file];
     const uint64_t len = ref.BlockLength(b.index);
     if (!src.ok()) {
       progress.set_blocks_failed(progress.blocks_failed() + 1);
@@ -323,7 +308,7 @@ void PrefetchRunner::Run(Running* r) {
     }
     progress.set_blocks_done(progress.blocks_done() + 1);
     progress.set_bytes_done(progress.bytes_done() + len);
-    if (--left_in_file[b.file_id] == 0) progress.set_files_done(progress.files_done() + 1);
+    if (--left_in_file[b.file] == 0) progress.set_files_done(progress.files_done() + 1);
     if (--left == 0) cv.SignalAll();
   };
   // Each worker keeps up to kUnsettled blocks' cache writes in flight (small blocks arrive faster
@@ -353,7 +338,7 @@ void PrefetchRunner::Run(Running* r) {
                          std::shared_ptr<Fill> fill) {
     if (fill != nullptr) {
       pending.fills.push_back({item, std::move(src), std::move(fill)});
-      pending.bytes += refs.at(item.block.file_id).BlockLength(item.block.index);
+      pending.bytes += refs[item.block.file].BlockLength(item.block.index);
       if (pending.fills.size() >= kUnsettled || pending.bytes >= kUnsettledBytes) settle(pending);
       return;
     }
@@ -397,7 +382,7 @@ void PrefetchRunner::Run(Running* r) {
             uint64_t bytes = 0;
             while (!located.empty() && batch.size() < kPeerBatch && bytes < kPeerBatchBytes) {
               batch.push_back(located.front());
-              bytes += refs.at(batch.back().block.file_id).BlockLength(batch.back().block.index);
+              bytes += refs[batch.back().block.file].BlockLength(batch.back().block.index);
               located.pop_front();
             }
           } else {
@@ -412,7 +397,7 @@ void PrefetchRunner::Run(Running* r) {
       }
       if (!batch.empty()) {
         std::vector<std::pair<const FileRef*, uint64_t>> blocks;
-        for (const Item& it : batch) blocks.push_back({&refs.at(it.block.file_id), it.block.index});
+        for (const Item& it : batch) blocks.push_back({&refs[it.block.file], it.block.index});
         std::vector<ReadPath::Started> started = read_path_->StartFromPeers(blocks);
         for (size_t i = 0; i < batch.size(); i++) {
           started_one(pending, batch[i], std::move(started[i].src), std::move(started[i].fill));
@@ -421,8 +406,8 @@ void PrefetchRunner::Run(Running* r) {
         continue;
       }
       std::shared_ptr<Fill> fill;
-      auto src = read_path_->StartResident(refs.at(item.block.file_id), item.block.index,
-                                           item.route, before_origin, &fill);
+      auto src = read_path_->StartResident(refs[item.block.file], item.block.index, item.route,
+                                           before_origin, &fill);
       started_one(pending, item, std::move(src), std::move(fill));
     }
   };
@@ -442,6 +427,34 @@ void PrefetchRunner::Run(Running* r) {
       (void)meta_->ReportPrefetch(job.id(), snapshot);
     }
   });
+  // Where this node's own blocks are now, one call to meta per kLocateBatch of them, while the
+  // workers already fill those located: a block a peer holds is fetched from it (a prefetch run
+  // again), the others read from the origin (no call to meta per block). When meta says no
+  // other node holds any block of the version (a first prefetch), the rest are not asked about.
+  // Only this node's own blocks: locating all of them before starting (others' blocks too, all
+  // unheld while their owners had not read them) kept the last node to start idle for seconds
+  // in a tiny-file prefetch to three nodes (200 calls of 1,024 addresses).
+  bool unheld = false;
+  for (size_t at = 0; at < mine_own.size() && !r->cancel; at += kLocateBatch) {
+    const size_t end = std::min(mine_own.size(), at + kLocateBatch);
+    std::vector<BlockAddr> addrs;
+    for (size_t i = at; i < end; i++)
+      addrs.push_back(refs[mine_own[i].file].Block(mine_own[i].index));
+    absl::StatusOr<std::vector<bool>> held = std::vector<bool>(addrs.size(), false);
+    if (!unheld) {
+      held = read_path_->HeldByPeers(addrs);
+      unheld = held.ok() && read_path_->LikelyUnheldByPeers(addrs.front());
+    }
+    absl::MutexLock lock(&mu);
+    for (size_t i = at; i < end; i++) {
+      // Meta unreachable: each fill asks for itself (and reads the origin if it must).
+      own.push_back({mine_own[i],
+                     held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin});
+    }
+    cv.SignalAll();
+  }
+  spdlog::info("prefetch {}: this node's own blocks located in {} ms", job.id(),
+               ms(std::chrono::steady_clock::now() - start));
   // This thread moves waiting blocks on: a window of each owner's first ones located in one call,
   // those a peer now holds to `located`. An owner is alive while its blocks keep arriving: only
   // when one has delivered nothing for owner_grace_ (it died) are its blocks read from the origin
@@ -463,7 +476,7 @@ void PrefetchRunner::Run(Running* r) {
       for (int j = 0; j < n; j++) {
         const auto& q = waiting[j];
         for (size_t i = 0; i < q.size() && i < std::min(window[j], cap); i++, taken[j]++) {
-          addrs.push_back(refs.at(q[i].block.file_id).Block(q[i].block.index));
+          addrs.push_back(refs[q[i].block.file].Block(q[i].block.index));
         }
       }
     }

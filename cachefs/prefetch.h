@@ -75,6 +75,7 @@ class PrefetchRunner {
     uint64_t file_id = 0;
     uint64_t index = 0;
     uint64_t ordinal = 0;
+    uint32_t file = 0;  // the file's place in the plan's list of files
   };
 
   void Run(Running* r);

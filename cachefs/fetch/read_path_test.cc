@@ -541,6 +541,43 @@ TEST_F(ReadPathTest, ClaimsOfQueuedFillsGoInOneBatch) {
   }
 }
 
+// When the write-behind queue is full (its writers wait on meta), the fill that finds it full
+// stores the oldest queued writes with its own, one claim call for many blocks: before, it stored
+// its block alone, and every fill after it made a claim call (and an index and segment write)
+// for one block.
+TEST_F(ReadPathTest, AFullWriteQueueIsStoredInBatchesNotBlockByBlock) {
+  // The queue holds 1,024 writes (64 MiB of these), and each writer takes a first batch.
+  constexpr uint64_t kBlocks = 1400;
+  content_.assign(kBlocks * kBlock, '\0');
+  for (uint64_t i = 0; i < kBlocks; i++) std::memcpy(&content_[i * kBlock], &i, sizeof(i));
+  origin_.files["d/f.bin"] = content_;
+  directory_.HoldClaims(true);
+  std::vector<std::shared_ptr<Fill>> fills(kBlocks);
+  std::atomic<uint64_t> started{0};
+  std::thread filler([&] {
+    for (uint64_t i = 0; i < kBlocks; i++, started++) {
+      auto src = read_path_->StartResident(Ref(), i, FillRoute::kPeersThenOrigin, {}, &fills[i]);
+      ASSERT_TRUE(src.ok()) << src.status();
+    }
+  });
+  // Both writers wait in their claims, and so does the filler, storing what it found queued.
+  EXPECT_TRUE(testing::WaitFor([&] { return directory_.ClaimsInProgress() == 3; }))
+      << directory_.ClaimsInProgress() << " claims waiting, " << started << " blocks started";
+  directory_.HoldClaims(false);
+  filler.join();
+  for (const auto& f : fills) {
+    if (f != nullptr) EXPECT_TRUE(read_path_->Settled(f).ok());
+  }
+  std::vector<size_t> batches = directory_.Batches();
+  size_t total = 0;
+  for (size_t b : batches) total += b;
+  EXPECT_EQ(total, kBlocks);
+  // Batches of one block: at most the writers' first takes and a last straggler or two (one
+  // per block once the queue had filled up before: 43 of 51 batches in one run).
+  EXPECT_LE(std::count(batches.begin(), batches.end(), 1u), 4) << batches.size() << " batches";
+  EXPECT_EQ(directory_.Checksum({1, 1, 4, kBlocks - 1}), SumOf(kBlocks - 1));
+}
+
 // A claim that conflicts with meta's checksum keeps the block out of the cache, and later reads
 // (and prefetches) of it fail. The first reader got the origin's bytes: they went out before
 // the claim, as an uncached read would have.

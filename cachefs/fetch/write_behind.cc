@@ -56,6 +56,7 @@ double Since(std::chrono::steady_clock::time_point t) {
 void WriteBehind::Submit(Write w) {
   const uint64_t len = w.data->size();
   w.submitted = std::chrono::steady_clock::now();
+  std::vector<Write> ws;
   {
     absl::MutexLock lock(&mu_);
     if (writes_.size() < kMaxQueuedWrites &&
@@ -69,8 +70,18 @@ void WriteBehind::Submit(Write w) {
       }
       return;
     }
+    // Full (the writers are behind): this fill stores the oldest queued writes with its own, a
+    // batch (one claim call, one segment write, one index write), not its block alone: one-block
+    // stores were 11% of an agent's CPU in a tiny-file prefetch to three nodes.
+    uint64_t bytes = 0;
+    while (!writes_.empty() && ws.size() < kBatch && bytes < kLingerBelowBytes) {
+      const uint64_t n = writes_.front().data->size();
+      queued_bytes_ -= n;
+      bytes += n;
+      ws.push_back(std::move(writes_.front()));
+      writes_.pop_front();
+    }
   }
-  std::vector<Write> ws;
   ws.push_back(std::move(w));
   StoreAll(ws);
 }

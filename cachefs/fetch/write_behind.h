@@ -9,8 +9,8 @@
 // book remembers it; later fills of it fail). Each write then settles its fill and ends it in
 // SingleFlight. A writer finding only a few small blocks queued waits up to 10 ms for a batch
 // of 256, unless someone waits for a write to settle (Hurry: a prefetch). The queue is bounded
-// (1024 blocks, 64 MiB): when it is full the fill stores its block itself, which slows fills to the
-// disk's pace.
+// (1024 blocks, 64 MiB): when it is full the fill stores its block itself together with the
+// oldest queued ones (a batch, as a writer would), which slows fills to the disk's pace.
 //
 // Thread-safe. The queue's mutex is held only to queue and take writes; nothing is called
 // under it.
