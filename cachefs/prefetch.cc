@@ -19,6 +19,9 @@ constexpr size_t kMaxFailures = 20;
 constexpr auto kReportEvery = std::chrono::milliseconds(500);
 // This node's blocks are located this many per call to meta when the prefetch starts.
 constexpr size_t kLocateBatch = 1024;
+// This node's own blocks are located while the others' are polled for, this many ahead of the
+// workers.
+constexpr size_t kOwnAhead = 4 * kLocateBatch;
 // Others' blocks are located per owner, the first few its owner has not delivered yet: between
 // kWindowMin and kWindowMax of them, the window doubling while all or none were there and else
 // set to what arrived since the last look and a quarter more (an owner delivers in plan order,
@@ -427,34 +430,40 @@ void PrefetchRunner::Run(Running* r) {
       (void)meta_->ReportPrefetch(job.id(), snapshot);
     }
   });
-  // Where this node's own blocks are now, one call to meta per kLocateBatch of them, while the
-  // workers already fill those located: a block a peer holds is fetched from it (a prefetch run
-  // again), the others read from the origin (no call to meta per block). When meta says no
-  // other node holds any block of the version (a first prefetch), the rest are not asked about.
-  // Only this node's own blocks: locating all of them before starting (others' blocks too, all
-  // unheld while their owners had not read them) kept the last node to start idle for seconds
-  // in a tiny-file prefetch to three nodes (200 calls of 1,024 addresses).
+  // Where this node's own blocks are now, one call to meta per kLocateBatch of them, kOwnAhead
+  // ahead in each turn of the poll below (beside the windows of others' blocks), while the workers
+  // already fill those located: a block a peer holds is fetched from it (a prefetch run again), the
+  // others read from the origin (no call to meta per block). When meta says no other node holds
+  // any block of the version (a first prefetch), the rest are not asked about. Only this node's
+  // own blocks, and not before the workers start: locating all of them first (others' blocks
+  // too, all unheld while their owners had not read them) kept the last node to start idle for
+  // seconds in a tiny-file prefetch to three nodes (200 calls of 1,024 addresses).
   bool unheld = false;
-  for (size_t at = 0; at < mine_own.size() && !r->cancel; at += kLocateBatch) {
-    const size_t end = std::min(mine_own.size(), at + kLocateBatch);
+  size_t own_at = 0;  // in mine_own: located up to here
+  auto locate_own = [&] {
+    const size_t end = std::min(mine_own.size(), own_at + kLocateBatch);
     std::vector<BlockAddr> addrs;
-    for (size_t i = at; i < end; i++)
+    for (size_t i = own_at; i < end; i++) {
       addrs.push_back(refs[mine_own[i].file].Block(mine_own[i].index));
+    }
     absl::StatusOr<std::vector<bool>> held = std::vector<bool>(addrs.size(), false);
     if (!unheld) {
       held = read_path_->HeldByPeers(addrs);
       unheld = held.ok() && read_path_->LikelyUnheldByPeers(addrs.front());
     }
     absl::MutexLock lock(&mu);
-    for (size_t i = at; i < end; i++) {
+    for (size_t i = own_at; i < end; i++) {
       // Meta unreachable: each fill asks for itself (and reads the origin if it must).
       own.push_back({mine_own[i],
                      held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin});
     }
+    own_at = end;
     cv.SignalAll();
-  }
-  spdlog::info("prefetch {}: this node's own blocks located in {} ms", job.id(),
-               ms(std::chrono::steady_clock::now() - start));
+    if (own_at == mine_own.size()) {
+      spdlog::info("prefetch {}: this node's own blocks located in {} ms", job.id(),
+                   ms(std::chrono::steady_clock::now() - start));
+    }
+  };
   // This thread moves waiting blocks on: a window of each owner's first ones located in one call,
   // those a peer now holds to `located`. An owner is alive while its blocks keep arriving: only
   // when one has delivered nothing for owner_grace_ (it died) are its blocks read from the origin
@@ -465,6 +474,15 @@ void PrefetchRunner::Run(Running* r) {
   std::vector<bool> given_up(n, false);  // owners whose blocks went to the origin route
   auto poll = kPollMin;
   while (true) {
+    // Own blocks located ahead of the workers by at least kOwnAhead (not a batch a turn: the
+    // turns of a busy node were ~100 ms, and its workers ran out of own blocks).
+    while (own_at < mine_own.size() && !r->cancel) {
+      {
+        absl::MutexLock lock(&mu);
+        if (own.size() >= kOwnAhead) break;
+      }
+      locate_own();
+    }
     std::vector<BlockAddr> addrs;
     std::vector<size_t> taken(n, 0);  // of each owner's first waiting blocks, in addrs in turn
     {
@@ -546,8 +564,10 @@ void PrefetchRunner::Run(Running* r) {
       if (moved) cv.SignalAll();
     }
     poll = moved ? kPollMin : std::min(poll * 2, kPollMax);
+    // While own blocks are left to locate, turns come at least every kPollMin.
+    const auto wait = own_at < mine_own.size() ? kPollMin : poll;
     absl::MutexLock lock(&mu);
-    if (!r->cancel && left > 0) cv.WaitWithTimeout(&mu, absl::FromChrono(poll));
+    if (!r->cancel && left > 0) cv.WaitWithTimeout(&mu, absl::FromChrono(wait));
   }
   for (auto& w : workers) w.join();
   done.Notify();
