@@ -71,12 +71,7 @@ echo "| dataset | case | Ember | ceiling (same run) | Ember / ceiling |"
 echo "| --- | --- | --- | --- | --- |"
 for set in $SETS; do
   DATA=$WORK/$set
-  if [ ! -f "$WORK/$set.done" ]; then
-    say "generating $set"
-    rm -rf "$DATA"; mkdir -p "$DATA"
-    python3 "$(dirname "$0")/gen_small.py" "$DATA" "$set"
-    touch "$WORK/$set.done"
-  fi
+  small_dataset "$set"
   FILES=$(find "$DATA" -type f | wc -l)
   BYTES=$(find "$DATA" -type f -printf '%s\n' | awk '{ s += $1 } END { printf "%.0f\n", s }')
   stop_all

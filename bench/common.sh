@@ -61,3 +61,12 @@ start_node() {  # NAME HOST SIZE
   PIDS+=($NODE_PID)
   wait_for_log "$WORK/$n.log" "serving datasets at" $NODE_PID
 }
+
+small_dataset() {  # SET (imagenet, tiny, ...): $WORK/SET made by bench/gen_small.py, once
+  [ -f "$WORK/$1.done" ] && return 0
+  say "generating $1"
+  rm -rf "${WORK:?}/$1"
+  mkdir -p "$WORK/$1"
+  python3 "$(dirname "${BASH_SOURCE[0]}")/gen_small.py" "$WORK/$1" "$1"
+  touch "$WORK/$1.done"
+}
