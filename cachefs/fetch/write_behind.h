@@ -7,7 +7,7 @@
 // in one batch (BlockCache::InsertMany, those the policy admits; reported to meta through the
 // cache's change log). A block whose claim conflicts is not stored and leaves RecentBlocks (the
 // book remembers it; later fills of it fail). Each write then settles its fill and ends it in
-// SingleFlight. A writer finding only a few small blocks queued waits up to 10 ms for a batch
+// SingleFlight. A writer finding only a few small blocks queued waits up to 50 ms for a batch
 // of 256, unless someone waits for a write to settle (Hurry: a prefetch). The queue is bounded
 // (1024 blocks, 64 MiB): when it is full the fill stores its block itself together with the
 // oldest queued ones (a batch, as a writer would), which slows fills to the disk's pace.
