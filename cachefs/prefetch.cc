@@ -17,7 +17,7 @@ namespace {
 constexpr int kWorkers = 16;  // fills mostly wait on peers, meta and the disk
 constexpr size_t kMaxFailures = 20;
 constexpr auto kReportEvery = std::chrono::milliseconds(500);
-// This node's blocks are located this many per call to meta when the prefetch starts.
+// This node's own blocks are located this many per call to meta.
 constexpr size_t kLocateBatch = 1024;
 // This node's own blocks are located while the others' are polled for, this many ahead of the
 // workers.

@@ -66,6 +66,10 @@ class WriteBehind {
   // on a conflict, nothing), settles its fill and ends it.
   void StoreAll(std::vector<Write>& ws) ABSL_LOCKS_EXCLUDED(mu_);
   void Writer() ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves the oldest queued writes to `ws`: at most `max_writes`, and none once `max_bytes` are
+  // taken.
+  void TakeLocked(size_t max_writes, uint64_t max_bytes, std::vector<Write>* ws)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   BlockCache* const cache_;
   ChecksumBook* const checksums_;
