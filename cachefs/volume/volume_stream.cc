@@ -162,7 +162,7 @@ void VolumeStream::Work() {
     if (closing_) return;
     std::vector<VolumeStore::Piece> pieces;
     // Blocks a READ waits for go alone (a batch is ready only once all of it is in: padded
-    // with blocks ahead, the reader's first block would wait for 32 MiB, not its own 4).
+    // with blocks ahead, the reader's first block would wait for a whole kBatch, not its own).
     const bool urgent = !urgent_.empty();
     for (std::set<uint64_t>* from : {&urgent_, &ahead_}) {
       if (urgent && from == &ahead_) break;

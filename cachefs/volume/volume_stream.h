@@ -4,7 +4,7 @@
 // too would put a disk write and a read back on every byte's way to the reader, and on one
 // node's disk the holder's reads and this copy's writes share the bandwidth.
 //
-// Each block is fetched with `read` (FetchMany of the holders, 32 MiB pipelined requests, two
+// Each block is fetched with `read` (FetchMany of the holders, kBatch pipelined requests, two
 // in flight), checked against meta's checksum and kept in memory; a READ's reply points into the
 // block (ReadResult::holds), so the bytes are copied once on this node after the socket: into
 // the reader's buffer. Blocks a READ covers are asked for first; a reader going straight on has
@@ -59,9 +59,14 @@ class VolumeStream {
   // calls it every pass; taking or giving back a buffer does too).
   static void ReleaseIdleBuffers();
 
-  static constexpr uint64_t kAhead = 64ull << 20;  // read ahead of a reader going straight on
-  static constexpr uint64_t kBatch = 32ull << 20;  // asked of the holders in one request
-  static constexpr size_t kWorkers = 2;            // requests in flight
+  // Read ahead of a reader going straight on, and asked of the holders in one request. Small
+  // enough that a block is copied out to the reader while it is still in the CPU's caches: with
+  // 64 and 32 MiB (512 MiB in flight over 4 restoring readers) a restore on 4 KiB pages (THP
+  // off) made 1,170-1,393 MiB/s, with 16 and 8 MiB 1,736-1,766 and 40% less CPU; with huge
+  // pages both the same (docs/benchmarks.md, Checkpoints, 2026-12-06 evening).
+  static constexpr uint64_t kAhead = 16ull << 20;
+  static constexpr uint64_t kBatch = 8ull << 20;
+  static constexpr size_t kWorkers = 2;  // requests in flight
   // A closed stream's buffers wait for the next stream's blocks (a restore opens file after
   // file; new memory costs a fault per page, and on this VM each first touch an exit): up to
   // kBufferPool bytes of them, each for at most kBufferIdle.
