@@ -6,6 +6,8 @@
 # out of a comparison that separate runs of bench_ckpt.sh cannot make. Not part of `make bench`.
 #   NODE_B_ARGS / NODE_C_ARGS  extra `ember node` flags of node b / c
 #   EMBER_B=PATH               another ember binary for node b (e.g. a build with a change)
+#   EMBER_A=PATH               another ember binary for node a, the holder (a change to serving:
+#                              compare runs, alternating)
 #   READER=CMD                 reads one file to stdout (default cat)
 #   ROUNDS=N (4), CHECK=1      compare every restored file with its source at the end
 #   HOLD=S                     keep the cluster S seconds at the end (for perf), printing pids
@@ -24,9 +26,15 @@ mkdir -p "$WORK/upload"
 [ -f "$WORK/src" ] || "$B/read_bench" gen "$WORK/src" $((SHARD_MIB << 20)) 11 > /dev/null
 start_meta
 "$B/ember" volume add ckpt "$WORK/upload" > /dev/null
+B0=$B
+if [ -n "${EMBER_A:-}" ]; then
+  mkdir -p "$WORK/bin_a"
+  cp "$EMBER_A" "$WORK/bin_a/ember"
+  B=$WORK/bin_a
+fi
 start_node a 2 16GiB
 PA=$NODE_PID
-B0=$B
+B=$B0
 if [ -n "${EMBER_B:-}" ]; then
   mkdir -p "$WORK/bin_b"
   cp "$EMBER_B" "$WORK/bin_b/ember"

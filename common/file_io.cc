@@ -1,6 +1,7 @@
 #include "common/file_io.h"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,6 +44,21 @@ absl::Status SyncPath(const std::string& path) {
   if (err != 0)
     return absl::UnavailableError(absl::StrCat("cannot sync ", path, ": ", strerror(err)));
   return absl::OkStatus();
+}
+
+std::optional<bool> PagesCached(int fd, uint64_t offset, size_t len) {
+  // linux/mman.h of 6.5+; Debian bookworm's headers predate it. 451 on every architecture.
+  struct Range {
+    uint64_t off, len;
+  } range{offset, len};
+  struct Stat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+  } st{};
+  constexpr long kCachestat = 451;
+  if (len == 0) return true;
+  if (syscall(kCachestat, fd, &range, &st, 0) != 0) return std::nullopt;
+  const uint64_t first = offset / 4096, last = (offset + len + 4095) / 4096;
+  return st.nr_cache >= last - first;
 }
 
 }  // namespace ember

@@ -124,9 +124,10 @@ class BlockCache {
   // (the cache file kept changing while it was read).
   absl::Status ReadVerified(const BlockHold& hold, uint64_t pos, size_t len, char* dst);
   // Before a held block's bytes are sent elsewhere straight from its cache file (a peer, by
-  // sendfile): checks it unless it was checked since the agent started (the receiver checks
-  // what it gets too), and, when some of its pages are not in the page cache, stops trusting
-  // its page-cache copy (the send reads them from the disk, unchecked). Returns: Ok; DataLoss
+  // sendfile or an O_DIRECT read: transport's SendFromFile): checks it unless it was checked
+  // since the agent started (the receiver checks what it gets too), and, when some of its pages
+  // are not in the page cache, stops trusting its page-cache copy (the send reads them from the
+  // disk, unchecked). Returns: Ok; DataLoss
   // (quarantined); Unavailable (the file kept changing).
   absl::Status PrepareSend(const BlockHold& hold);
   // Reads a resident block from the disk itself (O_DIRECT, not the page cache) and checks it:

@@ -429,7 +429,7 @@ TEST(BlockCacheTest, PagesThatLeftMemoryAreCheckedAgain) {
     bool dropped = false;
     for (int i = 0; i < 200 && !dropped; i++) {
       ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-      dropped = !PagesCached(fd, 8192, 4096);
+      dropped = !PagesCached(fd, 8192, 4096).value_or(false);
       if (!dropped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ASSERT_TRUE(dropped) << "the page cache kept the block's pages";

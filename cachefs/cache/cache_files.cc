@@ -64,20 +64,6 @@ bool PreadCached(int fd, uint64_t offset, size_t len, char* buf) {
   return true;
 }
 
-bool PagesCached(int fd, uint64_t offset, size_t len) {
-  // linux/mman.h of 6.5+; Debian bookworm's headers predate it.
-  struct Range {
-    uint64_t off, len;
-  } range{offset, len};
-  struct Stat {
-    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-  } st{};
-  constexpr long kCachestat = 451;
-  if (syscall(kCachestat, fd, &range, &st, 0) != 0) return false;
-  const uint64_t first = offset / 4096, last = (offset + len + 4095) / 4096;
-  return st.nr_cache >= last - first;
-}
-
 uint64_t ChangeStamp(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return 0;

@@ -36,9 +36,7 @@ namespace ember::cachefs {
 // The same, only from the page cache (preadv2 RWF_NOWAIT). Returns: false when any byte would
 // have to come from the disk (or on an error).
 bool PreadCached(int fd, uint64_t offset, size_t len, char* buf);
-// Whether every page of [offset, offset+len) of the file is in the page cache now (the
-// cachestat syscall, Linux 6.5+). Returns: false when not, or when that cannot be told.
-bool PagesCached(int fd, uint64_t offset, size_t len);
+// PagesCached (whether a range is all in the page cache) is in common/file_io.h.
 // The file's ctime in nanoseconds (0 if fstat fails): it changes with every write, truncate or
 // hole punch, whoever makes it.
 uint64_t ChangeStamp(int fd);

@@ -89,7 +89,8 @@ absl::Status BlockCache::PrepareSend(const BlockHold& hold) {
         return absl::DataLossError("the block left the cache");
       }
       if (StampAgreesLocked(hold.addr, hold.segment, before) && it->second.checked) {
-        if (it->second.verified && !PagesCached(hold.fd, hold.offset, hold.length)) {
+        if (it->second.verified &&
+            !PagesCached(hold.fd, hold.offset, hold.length).value_or(false)) {
           it->second.verified = false;  // the send brings pages from the disk, unchecked
         }
         return absl::OkStatus();

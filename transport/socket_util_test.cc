@@ -1,0 +1,111 @@
+// SendFromFile: a block file's bytes to a socket, through the page cache only when they are there.
+#include "transport/socket_util.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "common/file_io.h"
+#include "tests/testing/testing.h"
+
+namespace ember::transport {
+namespace {
+
+class SendFromFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_.resize((5 << 20) + 1000);  // over two bounce chunks, and a tail shorter than a page
+    for (size_t i = 0; i < data_.size(); i++) data_[i] = static_cast<char>(i * 131 + i / 4093);
+    path_ = dir_.Sub("blocks");
+    testing::WriteFile(path_, data_);
+    fd_ = open(path_.c_str(), O_RDONLY);
+    ASSERT_GE(fd_, 0);
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, socks_), 0);
+  }
+  void TearDown() override {
+    close(fd_);
+    close(socks_[0]);
+    close(socks_[1]);
+  }
+  // Takes the file out of the page cache. Returns: false if this kernel cannot tell (no
+  // cachestat) or the page cache kept it.
+  bool Evict() {
+    fdatasync(fd_);
+    posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+    std::optional<bool> cached = PagesCached(fd_, 0, 4096);
+    return cached.has_value() && !*cached;
+  }
+  // Sends [offset, offset + n) and returns: what arrived on the other end, and the status.
+  std::string Send(uint64_t offset, size_t n, absl::Status* st) {
+    std::string got;
+    std::thread reader([&] {
+      char buf[1 << 16];
+      ssize_t r;
+      while ((r = read(socks_[1], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(r));
+    });
+    *st = SendFromFile(socks_[0], fd_, offset, n, &bounce_);
+    shutdown(socks_[0], SHUT_WR);
+    reader.join();
+    return got;
+  }
+
+  testing::TempDir dir_;
+  std::string data_, path_;
+  int fd_ = -1;
+  int socks_[2] = {-1, -1};
+  DirectBounce bounce_;
+};
+
+TEST_F(SendFromFileTest, AColdRangeIsSentWithoutFillingThePageCache) {
+  if (!Evict()) GTEST_SKIP() << "no cachestat(2) here, or the page cache kept the file";
+  const int direct = open(path_.c_str(), O_RDONLY | O_DIRECT);
+  if (direct < 0) GTEST_SKIP() << "the test directory's file system has no O_DIRECT";
+  close(direct);
+  absl::Status st;
+  const std::string got = Send(1 << 20, data_.size() - (1 << 20), &st);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(got == data_.substr(1 << 20)) << got.size();
+  // sendfile would have read it into the page cache; the O_DIRECT reads leave none of it there.
+  for (uint64_t at = 1 << 20; at < data_.size(); at += 1 << 20) {
+    EXPECT_EQ(PagesCached(fd_, at, 4096), std::optional<bool>(false)) << at;
+  }
+}
+
+TEST_F(SendFromFileTest, ACachedRangeIsSentTheSame) {
+  std::string warm(data_.size(), '\0');
+  ASSERT_EQ(pread(fd_, warm.data(), warm.size(), 0), static_cast<ssize_t>(warm.size()));
+  if (PagesCached(fd_, 0, data_.size()) != std::optional<bool>(true)) {
+    GTEST_SKIP() << "no cachestat(2) here";
+  }
+  absl::Status st;
+  EXPECT_TRUE(Send(4096, 3 << 20, &st) == data_.substr(4096, 3 << 20));
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST_F(SendFromFileTest, AnUnalignedOffsetIsSentBySendfile) {
+  Evict();
+  absl::Status st;
+  EXPECT_TRUE(Send(12345, 2 << 20, &st) == data_.substr(12345, 2 << 20));
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST_F(SendFromFileTest, ARangePastTheFilesEndFailsInsteadOfSendingOtherBytes) {
+  for (bool cold : {true, false}) {
+    if (cold) Evict();
+    absl::Status st;
+    const std::string got = Send(4 << 20, 2 << 20, &st);
+    EXPECT_TRUE(absl::IsDataLoss(st)) << cold << " " << st;
+    EXPECT_LT(got.size(), 2u << 20);
+    EXPECT_TRUE(got == data_.substr(4 << 20, got.size()));
+    close(socks_[0]);
+    close(socks_[1]);
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, socks_), 0);
+  }
+}
+
+}  // namespace
+}  // namespace ember::transport
