@@ -107,5 +107,30 @@ TEST_F(SendFromFileTest, ARangePastTheFilesEndFailsInsteadOfSendingOtherBytes) {
   }
 }
 
+TEST_F(SendFromFileTest, AReaderGoneMidwayFailsTheSendAndTheBufferServesTheNext) {
+  if (!Evict()) GTEST_SKIP() << "no cachestat(2) here, or the page cache kept the file";
+  // The other end reads 1 MiB and hangs up while chunks are still being read and sent.
+  std::thread reader([&] {
+    std::string got(1 << 20, '\0');
+    size_t have = 0;
+    ssize_t r;
+    while (have < got.size() && (r = read(socks_[1], got.data() + have, got.size() - have)) > 0) {
+      have += static_cast<size_t>(r);
+    }
+    EXPECT_TRUE(got == data_.substr(0, 1 << 20));
+    close(socks_[1]);
+    socks_[1] = -1;
+  });
+  const absl::Status st = SendFromFile(socks_[0], fd_, 0, data_.size(), &bounce_);
+  reader.join();
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  close(socks_[0]);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, socks_), 0);
+  Evict();
+  absl::Status again;
+  EXPECT_TRUE(Send(4 << 20, data_.size() - (4 << 20), &again) == data_.substr(4 << 20));
+  EXPECT_TRUE(again.ok()) << again;
+}
+
 }  // namespace
 }  // namespace ember::transport
