@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/file_io.h"
 #include "common/memory.h"
 
@@ -223,12 +225,39 @@ absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n) {
   return absl::OkStatus();
 }
 
-char* DirectBounce::get() {
-  if (buf_ == nullptr) buf_ = NewBulkBuffer(kChunk);  // 2 MiB: aligned for O_DIRECT too
-  return buf_.get();
+namespace {
+
+// Buffers for SendFromFile's O_DIRECT reads, shared by every connection: one per send under way,
+// up to kKeptBounces kept between sends (one per connection would hold 2 MiB for each of the
+// hundreds of connections a large cluster keeps open).
+constexpr size_t kBounceChunk = 2u << 20;
+constexpr size_t kKeptBounces = 8;
+absl::Mutex bounce_mu(absl::kConstInit);
+std::vector<std::shared_ptr<char[]>>& KeptBounces() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bounce_mu) {
+  static auto* kept = new std::vector<std::shared_ptr<char[]>>();  // never destroyed
+  return *kept;
 }
 
-absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n, DirectBounce* bounce) {
+std::shared_ptr<char[]> TakeBounce() {
+  {
+    absl::MutexLock lock(&bounce_mu);
+    if (!KeptBounces().empty()) {
+      std::shared_ptr<char[]> buf = std::move(KeptBounces().back());
+      KeptBounces().pop_back();
+      return buf;
+    }
+  }
+  return NewBulkBuffer(kBounceChunk);  // 2 MiB: huge-page aligned, so aligned for O_DIRECT too
+}
+
+void GiveBounce(std::shared_ptr<char[]> buf) {
+  absl::MutexLock lock(&bounce_mu);
+  if (KeptBounces().size() < kKeptBounces) KeptBounces().push_back(std::move(buf));
+}
+
+}  // namespace
+
+absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n) {
   constexpr uint64_t kAlign = 4096;
   if (offset % kAlign != 0 || PagesCached(in_fd, offset, n).value_or(true)) {
     return SendFileFull(sock, in_fd, offset, n);
@@ -236,16 +265,18 @@ absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n, Direct
   const std::string self = absl::StrCat("/proc/self/fd/", in_fd);
   const int direct = open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (direct < 0) return SendFileFull(sock, in_fd, offset, n);
-  char* buf = bounce->get();
+  std::shared_ptr<char[]> bounce = TakeBounce();
+  char* buf = bounce.get();
   size_t done = 0;
   absl::Status st;
   while (done < n && st.ok()) {
-    const size_t want = std::min(n - done, DirectBounce::kChunk);
+    const size_t want = std::min(n - done, kBounceChunk);
     const size_t ask = (want + kAlign - 1) / kAlign * kAlign;  // the file's end reads short
     ssize_t r = pread(direct, buf, ask, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && errno == EINVAL && done == 0) {  // no O_DIRECT here after all
       close(direct);
+      GiveBounce(std::move(bounce));
       return SendFileFull(sock, in_fd, offset, n);
     }
     if (r < 0) {
@@ -258,6 +289,7 @@ absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n, Direct
     }
   }
   close(direct);
+  GiveBounce(std::move(bounce));
   return st;
 }
 

@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,26 +37,16 @@ absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n);
 
 // Sends n bytes of file `in_fd` from `offset` the way that costs least: with sendfile when they
 // are all in the page cache; else read with O_DIRECT (the file reopened through /proc/self/fd)
-// into `bounce` a chunk at a time and sent from there, so that a block read for a peer never
-// passes through the page cache. sendfile of a cold block fills new page-cache pages, and the
-// receiver's copy out of them is their first touch by a CPU: on this VM that first touch costs
-// an exit per page (a restore of 4 x 512 MiB from a dropped page cache: 220-400 CPU ticks on the
-// receiving node, against 65 once the holder's pages had been read; docs/benchmarks.md,
-// Checkpoints, 2026-12-07). A file O_DIRECT cannot read (tmpfs, an unaligned offset) goes by
-// sendfile. Errors as SendFileFull.
-class DirectBounce;
-absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n, DirectBounce* bounce);
+// a 2 MiB chunk at a time into a buffer (shared by all connections, a few kept between sends)
+// and sent from there, so that a block read for a peer never passes through the page cache.
+// sendfile of a cold block fills new page-cache pages, and the receiver's copy out of them is
+// their first touch by a CPU: on this VM that first touch costs an exit per page (a restore of
+// 4 x 512 MiB from a dropped page cache: 220-400 CPU ticks on the receiving node, against 65
+// once the holder's pages had been read; docs/benchmarks.md, Checkpoints, 2026-12-07). A file
+// O_DIRECT cannot read (an unaligned offset, a file system without it) goes by sendfile.
+// Errors as SendFileFull. Thread-safe.
+absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n);
 
-// A connection's buffer for SendFromFile's O_DIRECT reads: kChunk bytes, aligned, allocated at
-// first use. Not thread-safe.
-class DirectBounce {
- public:
-  static constexpr size_t kChunk = 2u << 20;
-  char* get();
-
- private:
-  std::shared_ptr<char[]> buf_;
-};
 // The socket's local IPv4 address, dotted ("" if it has none).
 std::string LocalAddress(int fd);
 // Waits until fd is readable; false on timeout.

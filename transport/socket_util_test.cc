@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/file_io.h"
 #include "tests/testing/testing.h"
@@ -47,7 +49,7 @@ class SendFromFileTest : public ::testing::Test {
       ssize_t r;
       while ((r = read(socks_[1], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(r));
     });
-    *st = SendFromFile(socks_[0], fd_, offset, n, &bounce_);
+    *st = SendFromFile(socks_[0], fd_, offset, n);
     shutdown(socks_[0], SHUT_WR);
     reader.join();
     return got;
@@ -57,7 +59,6 @@ class SendFromFileTest : public ::testing::Test {
   std::string data_, path_;
   int fd_ = -1;
   int socks_[2] = {-1, -1};
-  DirectBounce bounce_;
 };
 
 TEST_F(SendFromFileTest, AColdRangeIsSentWithoutFillingThePageCache) {
@@ -107,7 +108,7 @@ TEST_F(SendFromFileTest, ARangePastTheFilesEndFailsInsteadOfSendingOtherBytes) {
   }
 }
 
-TEST_F(SendFromFileTest, AReaderGoneMidwayFailsTheSendAndTheBufferServesTheNext) {
+TEST_F(SendFromFileTest, AReaderGoneMidwayFailsTheSendAndTheNextSendIsWhole) {
   if (!Evict()) GTEST_SKIP() << "no cachestat(2) here, or the page cache kept the file";
   // The other end reads 1 MiB and hangs up while chunks are still being read and sent.
   std::thread reader([&] {
@@ -121,7 +122,7 @@ TEST_F(SendFromFileTest, AReaderGoneMidwayFailsTheSendAndTheBufferServesTheNext)
     close(socks_[1]);
     socks_[1] = -1;
   });
-  const absl::Status st = SendFromFile(socks_[0], fd_, 0, data_.size(), &bounce_);
+  const absl::Status st = SendFromFile(socks_[0], fd_, 0, data_.size());
   reader.join();
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
   close(socks_[0]);
@@ -130,6 +131,37 @@ TEST_F(SendFromFileTest, AReaderGoneMidwayFailsTheSendAndTheBufferServesTheNext)
   absl::Status again;
   EXPECT_TRUE(Send(4 << 20, data_.size() - (4 << 20), &again) == data_.substr(4 << 20));
   EXPECT_TRUE(again.ok()) << again;
+}
+
+TEST_F(SendFromFileTest, ManySendsAtOnceEachGetTheirOwnBytes) {
+  // More sends under way than buffers kept between sends: each must have a buffer of its own.
+  if (!Evict()) GTEST_SKIP() << "no cachestat(2) here, or the page cache kept the file";
+  constexpr int kSends = 12;
+  std::vector<std::array<int, 2>> pairs(kSends);
+  std::vector<std::string> got(kSends);
+  std::vector<absl::Status> st(kSends);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSends; ++i) {
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pairs[i].data()), 0);
+    threads.emplace_back([&, i] {  // each its own 4 KiB-aligned range, sent while others are
+      const uint64_t at = static_cast<uint64_t>(i % 4) << 20;
+      st[i] = SendFromFile(pairs[i][0], fd_, at, 1 << 20);
+      shutdown(pairs[i][0], SHUT_WR);
+    });
+    threads.emplace_back([&, i] {
+      char buf[1 << 16];
+      ssize_t r;
+      while ((r = read(pairs[i][1], buf, sizeof(buf))) > 0)
+        got[i].append(buf, static_cast<size_t>(r));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSends; ++i) {
+    EXPECT_TRUE(st[i].ok()) << i << " " << st[i];
+    EXPECT_TRUE(got[i] == data_.substr(static_cast<size_t>(i % 4) << 20, 1 << 20)) << i;
+    close(pairs[i][0]);
+    close(pairs[i][1]);
+  }
 }
 
 }  // namespace

@@ -200,7 +200,6 @@ class TcpServer final : public BlockServer {
     // answers of small blocks gathered in `out`, sent once no more requests are waiting.
     BufferedReader in(fd);
     std::string out;
-    DirectBounce bounce;  // large blocks not in the page cache are read through it
     while (true) {
       if (in.buffered() == 0) {
         if (!Flush(fd, &out)) return;
@@ -230,7 +229,7 @@ class TcpServer final : public BlockServer {
         BadFrame(fd, &out);
         return;
       }
-      if (!ServeRequest(fd, *q, writer.get(), &out, &bounce)) return;
+      if (!ServeRequest(fd, *q, writer.get(), &out)) return;
     }
   }
 
@@ -309,8 +308,7 @@ class TcpServer final : public BlockServer {
   }
 
   // Answers one request: into `out` when its body is small (sent by Flush), else sent now.
-  bool ServeRequest(int fd, const Request& q, BlockWriter* writer, std::string* out,
-                    DirectBounce* bounce) {
+  bool ServeRequest(int fd, const Request& q, BlockWriter* writer, std::string* out) {
     Response resp;
     resp.request_id = q.request_id;
     Count(&Stats::requests);
@@ -356,10 +354,9 @@ class TcpServer final : public BlockServer {
       // 4 x 512 MiB from a holder whose page cache was dropped, alternating: this block and the
       // next hinted, 1.08-1.38 s and 0.64-0.83 CPU-s on the holder; no hint, 0.85-1.11 s and
       // 0.50-0.68 CPU-s (with a warm page cache: 0.76-0.89 s, 0.33-0.54 CPU-s).
-      absl::Status sent =
-          block->data != nullptr
-              ? WriteFull(fd, block->data + q.offset, resp.length)
-              : SendFromFile(fd, block->fd, block->offset + q.offset, resp.length, bounce);
+      absl::Status sent = block->data != nullptr
+                              ? WriteFull(fd, block->data + q.offset, resp.length)
+                              : SendFromFile(fd, block->fd, block->offset + q.offset, resp.length);
       if (!sent.ok()) return false;
       Count(&Stats::bytes, resp.length);
       return true;
