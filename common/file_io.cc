@@ -22,6 +22,19 @@ bool PreadFull(int fd, uint64_t offset, size_t len, char* buf) {
   return true;
 }
 
+bool PreadDirectFull(int fd, uint64_t offset, size_t len, char* buf) {
+  const size_t padded = (len + 4095) / 4096 * 4096;
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = pread(fd, buf + done, padded - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = 0;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 bool PwriteFull(int fd, uint64_t offset, const char* buf, size_t len) {
   while (len > 0) {
     ssize_t n = pwrite(fd, buf, len, static_cast<off_t>(offset));

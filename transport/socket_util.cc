@@ -258,8 +258,7 @@ void GiveBounce(std::shared_ptr<char[]> buf) {
 }  // namespace
 
 absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n) {
-  constexpr uint64_t kAlign = 4096;
-  if (offset % kAlign != 0 || PagesCached(in_fd, offset, n).value_or(true)) {
+  if (offset % 4096 != 0 || PagesCached(in_fd, offset, n).value_or(true)) {
     return SendFileFull(sock, in_fd, offset, n);
   }
   const std::string self = absl::StrCat("/proc/self/fd/", in_fd);
@@ -271,18 +270,15 @@ absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n) {
   absl::Status st;
   while (done < n && st.ok()) {
     const size_t want = std::min(n - done, kBounceChunk);
-    const size_t ask = (want + kAlign - 1) / kAlign * kAlign;  // the file's end reads short
-    ssize_t r = pread(direct, buf, ask, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && errno == EINVAL && done == 0) {  // no O_DIRECT here after all
-      close(direct);
-      GiveBounce(std::move(bounce));
-      return SendFileFull(sock, in_fd, offset, n);
-    }
-    if (r < 0) {
-      st = absl::UnavailableError(absl::StrCat("read of a block file: ", strerror(errno)));
-    } else if (static_cast<size_t>(r) < want) {
-      st = absl::DataLossError("block file is shorter than its index says");
+    if (!PreadDirectFull(direct, offset + done, want, buf)) {
+      if (errno == EINVAL && done == 0) {  // no O_DIRECT here after all
+        close(direct);
+        GiveBounce(std::move(bounce));
+        return SendFileFull(sock, in_fd, offset, n);
+      }
+      st = errno == 0
+               ? absl::DataLossError("block file is shorter than its index says")
+               : absl::UnavailableError(absl::StrCat("read of a block file: ", strerror(errno)));
     } else {
       st = WriteFull(sock, buf, want);
       done += want;

@@ -256,20 +256,7 @@ bool CacheFiles::ReadFromDisk(const BlockAddr& addr, uint32_t segment, uint64_t 
   if (fd < 0) return false;
   bool ok;
   if (direct && offset % kDirectAlign == 0) {
-    // Whole pages: the last block of a file ends where the file does, so read up to the page
-    // boundary and accept a short read past the end of the file.
-    const size_t padded = (len + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    size_t done = 0;
-    ok = true;
-    while (done < len) {
-      ssize_t n = pread(fd, buf + done, padded - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        ok = false;
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
+    ok = PreadDirectFull(fd, offset, len, buf);  // the last block of a file reads short past it
   } else if (direct) {
     // An object packed into a segment: read its pages whole into an aligned buffer.
     const uint64_t start = offset / kDirectAlign * kDirectAlign;
