@@ -89,6 +89,14 @@ readers() {  # DIR [direct]: RANKS readers of DIR/rankN.pt at once; prints secon
   secs "$t0" "$(now)"
 }
 
+# A save's time: its writers' (from their first write to the last close; `writers` leaves out the
+# sync, drop and source read it starts with, for Ember as for the ceilings) plus the rename.
+renamed() {  # WRITERS-SECONDS FROM TO: renames FROM to TO; prints the sum of both times
+  local t0
+  t0=$(now)
+  mv "$2" "$3"
+  awk -v w="$1" -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.2f", w + b - a }'
+}
 # Each case from a quiet machine, as the ceilings are: the last case's write-back finished.
 uploaded() {  # VOLUME: waits (up to 120 s) until every file of VOLUME is in the origin
   local i
@@ -117,18 +125,14 @@ for r in $(seq 1 "$ROUNDS"); do
   step=step; [ "$r" = 1 ] || step=step_r$r  # round 1's is the one restored
   mkdir "$WORK/a/mnt/ckpt/$step.tmp"
   sync
-  t0=$(now)
   SW+=("$(writers "$WORK/a/mnt/ckpt/$step.tmp")")
-  mv "$WORK/a/mnt/ckpt/$step.tmp" "$WORK/a/mnt/ckpt/$step"
-  S+=("$(secs "$t0" "$(now)")")
+  S+=("$(renamed "${SW[-1]}" "$WORK/a/mnt/ckpt/$step.tmp" "$WORK/a/mnt/ckpt/$step")")
   uploaded ckpt
   say "round $r: Ember save through node a, --replicas 2"
   mkdir "$WORK/a/mnt/ckpt2/step.tmp"
   sync
-  t0=$(now)
-  writers "$WORK/a/mnt/ckpt2/step.tmp" > /dev/null
-  mv "$WORK/a/mnt/ckpt2/step.tmp" "$WORK/a/mnt/ckpt2/step"
-  S2+=("$(secs "$t0" "$(now)")")
+  S2+=("$(renamed "$(writers "$WORK/a/mnt/ckpt2/step.tmp")" "$WORK/a/mnt/ckpt2/step.tmp" \
+    "$WORK/a/mnt/ckpt2/step")")
   "$B/ember" volume status ckpt2 --json | grep -c '"replicated"' | grep -qx "$RANKS" ||
     { say "--replicas 2: not every shard is replicated"; exit 1; }
   uploaded ckpt2
