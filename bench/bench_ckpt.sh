@@ -19,9 +19,11 @@
 #   ceilings  raw TCP over loopback (peer_bench), the shards read from this disk (RANKS readers:
 #             `cat` with the page cache dropped, and O_DIRECT 4 MiB reads, two readers per shard
 #             (each half: a holder serving 4 restoring readers has 8 requests in flight, and this
-#             virtual disk reads faster with more); "disk read" is the
-#             faster of the two in each round: on this VM a buffered reader's first touch of
-#             each new page-cache page costs an exit, and the disk is not slower for it),
+#             virtual disk reads faster with more), and the same O_DIRECT readers of node a's
+#             own copies (the very bytes a restore reads: the host caches this virtual disk,
+#             and a ceiling read from other files came out below what the restore got);
+#             "disk read" is the fastest of the three in each round (on this VM a buffered
+#             reader's first touch of each new page-cache page costs an exit),
 #             RANKS O_DIRECT writers of the same bytes, and the
 #             least work a restore does with no Ember (restore_floor: RANKS shards sent from disk
 #             over TCP, each block checked and copied to a reader's buffer; or stored and read
@@ -72,16 +74,17 @@ writers() {  # DIR...: RANKS dd writers of the source into each DIR/rankN.pt wit
   wait "${w[@]}"
   secs "$t0" "$(now)"
 }
-readers() {  # DIR [direct]: RANKS readers of DIR/rankN.pt at once; prints seconds
-  local t0 w=()
+readers() {  # cat|direct FILE...: a reader per FILE (two for direct, a half each), all at once;
+  local t0 w=() f mode=$1  # prints seconds
+  shift
   t0=$(now)
-  for i in $(seq 0 $((RANKS - 1))); do
-    if [ "${2:-}" = direct ]; then
-      dd if="$1/rank$i.pt" of=/dev/null bs=4M iflag=direct count=$((SHARD_MIB / 8)) status=none &
+  for f in "$@"; do
+    if [ "$mode" = direct ]; then
+      dd if="$f" of=/dev/null bs=4M iflag=direct count=$((SHARD_MIB / 8)) status=none &
       w+=($!)
-      dd if="$1/rank$i.pt" of=/dev/null bs=4M iflag=direct skip=$((SHARD_MIB / 8)) status=none &
+      dd if="$f" of=/dev/null bs=4M iflag=direct skip=$((SHARD_MIB / 8)) status=none &
     else
-      cat "$1/rank$i.pt" > /dev/null &
+      cat "$f" > /dev/null &
     fi
     w+=($!)
   done
@@ -128,6 +131,12 @@ for r in $(seq 1 "$ROUNDS"); do
   SW+=("$(writers "$WORK/a/mnt/ckpt/$step.tmp")")
   S+=("$(renamed "${SW[-1]}" "$WORK/a/mnt/ckpt/$step.tmp" "$WORK/a/mnt/ckpt/$step")")
   uploaded ckpt
+  if [ "$r" = 1 ]; then
+    # Node a's own copies of the shards restored below (its cache files of volume 1, all that
+    # volume holds yet): what the restore reads, from where it reads it.
+    mapfile -t HELD < <(find "$WORK/a/cache/volumes/1" -type f -size "$((SHARD_MIB << 20))c")
+    [ "${#HELD[@]}" = "$RANKS" ] || { say "node a holds ${#HELD[@]} shards, not $RANKS"; exit 1; }
+  fi
   say "round $r: Ember save through node a, --replicas 2"
   mkdir "$WORK/a/mnt/ckpt2/step.tmp"
   sync
@@ -144,12 +153,12 @@ SAVE_W=$(median "${SW[@]}") SAVE2=$(median "${S2[@]}")
 rounds() { local x out=(); for x in "$@"; do out+=("$(mibs $BYTES "$x")"); done; echo "${out[*]}"; }
 # The restore and its ceilings alternate ROUNDS times as well (node b keeps no copy: each round
 # is a restore on a node that has nothing).
-R=() DR=() DB=() DD=() T=()
+R=() DR=() DB=() DD=() DH=() T=()
 for r in $(seq 1 "$ROUNDS"); do
   say "round $r of $ROUNDS: restore on node b (page cache dropped)"
   drop_caches
   "$B/restore_floor" --touch $((3 * BYTES >> 20))  # as each of restore_floor's passes starts
-  R+=("$(readers "$WORK/b/mnt/ckpt/step")")
+  R+=("$(readers cat "$WORK"/b/mnt/ckpt/step/rank*.pt)")
   if [ "$r" = 1 ]; then
     for i in $(seq 0 $((RANKS - 1))); do
       cmp -s "$WORK/src" "$WORK/b/mnt/ckpt/step/rank$i.pt" || { say "rank$i restored wrong"; exit 1; }
@@ -157,10 +166,12 @@ for r in $(seq 1 "$ROUNDS"); do
   fi
   say "round $r: disk read and raw TCP"
   drop_caches
-  DB+=("$(readers "$WORK/local")")
+  DB+=("$(readers cat "$WORK"/local/rank*.pt)")
   drop_caches
-  DD+=("$(readers "$WORK/local" direct)")
-  DR+=("$(awk -v b="${DB[-1]}" -v d="${DD[-1]}" 'BEGIN { print (b < d ? b : d) }')")  # seconds
+  DD+=("$(readers direct "$WORK"/local/rank*.pt)")
+  drop_caches
+  DH+=("$(readers direct "${HELD[@]}")")
+  DR+=("$(printf '%s\n' "${DB[-1]}" "${DD[-1]}" "${DH[-1]}" | sort -g | head -1)")  # seconds
   T+=("$("$B/peer_bench" "$WORK/src" 1 1 2>/dev/null |
     awk -F'|' '/raw TCP/ { sub(/.*: /, "", $4); print $4 + 0; exit }')")
 done
@@ -209,4 +220,4 @@ row restore "restore on a fresh node, $RANKS readers" "$(mibs $BYTES "$RESTORE")
 row restore-floor "restore, against the same work with no Ember" "$(mibs $BYTES "$RESTORE")" \
   "TCP from disk, check, copy to a reader" "$FLOOR_STREAM"
 echo
-echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s (twice at once: $(mibs $BYTES "$LOCAL2") MiB/s of each copy), O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s (the faster of cat, rounds $(rounds "${DB[@]}"), and O_DIRECT, rounds $(rounds "${DD[@]}")), raw TCP $TCP MiB/s (from disk, $RANKS streams: $FLOOR_TCP; with each block checked and copied to a reader: $FLOOR_STREAM; checked and stored: $FLOOR_STORE, and read back: $FLOOR_READ); Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s. Each round (MiB/s): local $(rounds "${L[@]}"); twice at once $(rounds "${L2[@]}"); save $(rounds "${S[@]}"); save --replicas 2 $(rounds "${S2[@]}"); restore $(rounds "${R[@]}"); disk read $(rounds "${DR[@]}"); raw TCP ${T[*]}."
+echo "Same run: local disk with fsync $(mibs $BYTES "$LOCAL") MiB/s (twice at once: $(mibs $BYTES "$LOCAL2") MiB/s of each copy), O_DIRECT $(mibs $BYTES "$DIRECT") MiB/s, disk read $(mibs $BYTES "$DISK_READ") MiB/s (the fastest of cat, rounds $(rounds "${DB[@]}"), O_DIRECT, rounds $(rounds "${DD[@]}"), and O_DIRECT of node a's copies, rounds $(rounds "${DH[@]}")), raw TCP $TCP MiB/s (from disk, $RANKS streams: $FLOOR_TCP; with each block checked and copied to a reader: $FLOOR_STREAM; checked and stored: $FLOOR_STORE, and read back: $FLOOR_READ); Ember's writers alone $(mibs $BYTES "$SAVE_W") MiB/s. Each round (MiB/s): local $(rounds "${L[@]}"); twice at once $(rounds "${L2[@]}"); save $(rounds "${S[@]}"); save --replicas 2 $(rounds "${S2[@]}"); restore $(rounds "${R[@]}"); disk read $(rounds "${DR[@]}"); raw TCP ${T[*]}."
