@@ -4,6 +4,10 @@
 
 #include <cstdint>
 #include <new>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 // gperftools' C API (gperftools/malloc_extension_c.h), weak: absent unless tcmalloc is linked.
 extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
@@ -27,6 +31,36 @@ std::shared_ptr<char[]> NewBulkBuffer(size_t size) {
   char* p = reinterpret_cast<char*>(at);
   (void)madvise(p, size, MADV_HUGEPAGE);
   return std::shared_ptr<char[]>(p, [size](char* q) { munmap(q, size); });
+}
+
+namespace {
+
+constexpr size_t kKeptDirectBuffers = 8;
+absl::Mutex direct_mu(absl::kConstInit);
+std::vector<std::shared_ptr<char[]>>& KeptDirectBuffers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(direct_mu) {
+  static auto* kept = new std::vector<std::shared_ptr<char[]>>();  // never destroyed
+  return *kept;
+}
+
+}  // namespace
+
+std::shared_ptr<char[]> TakeDirectBuffer() {
+  {
+    absl::MutexLock lock(&direct_mu);
+    if (!KeptDirectBuffers().empty()) {
+      std::shared_ptr<char[]> buf = std::move(KeptDirectBuffers().back());
+      KeptDirectBuffers().pop_back();
+      return buf;
+    }
+  }
+  return NewBulkBuffer(kDirectBufferBytes);
+}
+
+void GiveDirectBuffer(std::shared_ptr<char[]> buf) {
+  absl::MutexLock lock(&direct_mu);
+  if (KeptDirectBuffers().size() < kKeptDirectBuffers) {
+    KeptDirectBuffers().push_back(std::move(buf));
+  }
 }
 
 }  // namespace ember

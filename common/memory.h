@@ -1,7 +1,7 @@
-// Handing freed memory back to the system, and buffers for bulk bytes. The `ember` binary
-// allocates with tcmalloc, which keeps freed pages for reuse; after a burst that frees much at
-// once (a manifest loaded, a prefetch finished, a dataset added) the process's RSS would
-// otherwise stay at the burst's peak. Thread-safe (no state).
+// Handing freed memory back to the system, and buffers for bulk bytes and O_DIRECT I/O. The `ember`
+// binary allocates with tcmalloc, which keeps freed pages for reuse; after a burst that frees much
+// at once (a manifest loaded, a prefetch finished, a dataset added) the process's RSS would
+// otherwise stay at the burst's peak. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +14,15 @@ namespace ember {
 // exit: 15% of a restoring node's CPU went to them), else from the allocator. Freed when the
 // last owner lets go. Throws std::bad_alloc.
 std::shared_ptr<char[]> NewBulkBuffer(size_t size);
+
+// 2 MiB buffers for O_DIRECT I/O (huge-page aligned, so aligned for O_DIRECT), shared by the
+// whole process: one per transfer under way, up to 8 kept between transfers. Memory touched
+// before is what a copy into them costs least (see NewBulkBuffer), and one per connection or
+// per thread would hold 2 MiB each of hundreds. Thread-safe. Throws std::bad_alloc.
+inline constexpr size_t kDirectBufferBytes = 2u << 20;
+std::shared_ptr<char[]> TakeDirectBuffer();
+// Hands a buffer of TakeDirectBuffer back (kept for the next transfer, or freed).
+void GiveDirectBuffer(std::shared_ptr<char[]> buf);
 
 // Returns tcmalloc's free pages to the system now; nothing when tcmalloc is not linked in (tests,
 // sanitizer builds).

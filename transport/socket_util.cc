@@ -225,38 +225,6 @@ absl::Status SendFileFull(int sock, int in_fd, uint64_t offset, size_t n) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// Buffers for SendFromFile's O_DIRECT reads, shared by every connection: one per send under way,
-// up to kKeptBounces kept between sends (one per connection would hold 2 MiB for each of the
-// hundreds of connections a large cluster keeps open).
-constexpr size_t kBounceChunk = 2u << 20;
-constexpr size_t kKeptBounces = 8;
-absl::Mutex bounce_mu(absl::kConstInit);
-std::vector<std::shared_ptr<char[]>>& KeptBounces() ABSL_EXCLUSIVE_LOCKS_REQUIRED(bounce_mu) {
-  static auto* kept = new std::vector<std::shared_ptr<char[]>>();  // never destroyed
-  return *kept;
-}
-
-std::shared_ptr<char[]> TakeBounce() {
-  {
-    absl::MutexLock lock(&bounce_mu);
-    if (!KeptBounces().empty()) {
-      std::shared_ptr<char[]> buf = std::move(KeptBounces().back());
-      KeptBounces().pop_back();
-      return buf;
-    }
-  }
-  return NewBulkBuffer(kBounceChunk);  // 2 MiB: huge-page aligned, so aligned for O_DIRECT too
-}
-
-void GiveBounce(std::shared_ptr<char[]> buf) {
-  absl::MutexLock lock(&bounce_mu);
-  if (KeptBounces().size() < kKeptBounces) KeptBounces().push_back(std::move(buf));
-}
-
-}  // namespace
-
 absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n) {
   if (offset % 4096 != 0 || PagesCached(in_fd, offset, n).value_or(true)) {
     return SendFileFull(sock, in_fd, offset, n);
@@ -264,16 +232,16 @@ absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n) {
   const std::string self = absl::StrCat("/proc/self/fd/", in_fd);
   const int direct = open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (direct < 0) return SendFileFull(sock, in_fd, offset, n);
-  std::shared_ptr<char[]> bounce = TakeBounce();
+  std::shared_ptr<char[]> bounce = TakeDirectBuffer();
   char* buf = bounce.get();
   size_t done = 0;
   absl::Status st;
   while (done < n && st.ok()) {
-    const size_t want = std::min(n - done, kBounceChunk);
+    const size_t want = std::min(n - done, kDirectBufferBytes);
     if (!PreadDirectFull(direct, offset + done, want, buf)) {
       if (errno == EINVAL && done == 0) {  // no O_DIRECT here after all
         close(direct);
-        GiveBounce(std::move(bounce));
+        GiveDirectBuffer(std::move(bounce));
         return SendFileFull(sock, in_fd, offset, n);
       }
       st = errno == 0
@@ -285,7 +253,7 @@ absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n) {
     }
   }
   close(direct);
-  GiveBounce(std::move(bounce));
+  GiveDirectBuffer(std::move(bounce));
   return st;
 }
 

@@ -259,6 +259,11 @@ class BlockCache {
     int err = 0;  // of the write (EIO: of the index)
     uint64_t stamp = 0;
   };
+  // Fills in each Pending's item, length and smallness, and claims the small ones' places in a
+  // segment, one run (CacheFiles::ClaimSmall); all of them decided if that fails.
+  void ClaimSmall(const std::vector<InsertItem>& items, std::vector<Pending>* ps)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Decides a Pending that ClaimSmall filled in, or takes its place (`writing`).
   void BeginInsert(const InsertItem& item, Pending* p) ABSL_LOCKS_EXCLUDED(mu_);
   InsertResult FinishInsert(const Pending& p, const absl::Status& indexed) ABSL_LOCKS_EXCLUDED(mu_);
   // Loads the index into memory (recovery.cc). Returns: how many records were forgotten.

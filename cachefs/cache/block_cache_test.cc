@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "cachefs/cache/block_buffer.h"
@@ -697,6 +699,57 @@ TEST(SegmentTest, ABatchIsPackedInOrderAndSurvivesARestart) {
   std::string got(hb->length, '\0');
   ASSERT_TRUE(cache->ReadVerified(*hb, hb->offset, hb->length, got.data()).ok());
   EXPECT_EQ(got, big);
+}
+
+// A batch of 64 KiB or more of small objects is a direct run: it starts at a 4 KiB boundary, is
+// written past the page cache (O_DIRECT) and keeps the room to the next boundary, so the short
+// batches before and after it (through the page cache) share no page with it. Every object
+// reads back whole, also after a restart.
+TEST(SegmentTest, ALongBatchIsWrittenPastThePageCacheOnPagesOfItsOwn) {
+  testing::TempDir dir;
+  std::map<uint64_t, std::string> data;
+  auto batch = [&](BlockCache& cache, uint64_t first, uint64_t n, size_t base) {
+    std::vector<BlockCache::InsertItem> items;
+    for (uint64_t f = first; f < first + n; f++) {
+      data[f] = Bytes(base + f * 131 % 1500, f);
+      const std::string& d = data[f];
+      items.push_back({{1, 1, f, 0}, d.size(), 0, d, BlockChecksum(d.data(), d.size())});
+    }
+    for (auto r : cache.InsertMany(items)) EXPECT_EQ(r, BlockCache::InsertResult::kStored);
+  };
+  {
+    auto cache = OpenCache(dir.path(), 1ull << 30, 64 << 10);
+    batch(*cache, 1, 3, 700);     // ~3 KB: through the page cache
+    batch(*cache, 10, 30, 3000);  // ~110 KB: a direct run
+    batch(*cache, 100, 3, 700);
+    auto before = cache->Acquire({1, 1, 3, 0});
+    auto first = cache->Acquire({1, 1, 10, 0});
+    auto last = cache->Acquire({1, 1, 39, 0});
+    auto after = cache->Acquire({1, 1, 100, 0});
+    ASSERT_TRUE(before && first && last && after);
+    EXPECT_EQ(first->segment, after->segment);
+    EXPECT_EQ(first->offset % 4096, 0u);
+    EXPECT_GE(first->offset, before->offset + before->length);
+    EXPECT_LT(first->offset - (before->offset + before->length), 4096u);
+    const uint64_t run_end = last->offset + last->length;
+    EXPECT_EQ(after->offset % 4096, 0u);
+    EXPECT_GE(after->offset, run_end);
+    EXPECT_LT(after->offset - run_end, 4096u);
+    std::optional<bool> run = PagesCached(first->fd, first->offset, run_end - first->offset);
+    std::optional<bool> short_run = PagesCached(before->fd, before->offset, before->length);
+    if (!run.has_value()) GTEST_SKIP() << "no cachestat on this kernel";
+    EXPECT_FALSE(*run);
+    EXPECT_TRUE(*short_run);
+  }
+  auto cache = OpenCache(dir.path(), 1ull << 30, 64 << 10);
+  EXPECT_EQ(cache->GetStats().resident_blocks, data.size());
+  for (const auto& [f, want] : data) {
+    auto h = cache->Acquire({1, 1, f, 0});
+    ASSERT_TRUE(h) << f;
+    std::string got(h->length, '\0');
+    ASSERT_TRUE(cache->ReadVerified(*h, h->offset, h->length, got.data()).ok()) << f;
+    EXPECT_EQ(got, want) << f;
+  }
 }
 
 // A byte flipped in one packed object is caught when it is read (quarantined, gone from the

@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/memory.h"
 
 namespace ember::cachefs {
 namespace {
@@ -92,26 +93,81 @@ std::string CacheFiles::SegmentPath(uint32_t segment) const {
   return absl::StrCat(dir_, "/segments/", segment);
 }
 
-int CacheFiles::ClaimSmall(size_t len, SmallSlot* slot) {
-  absl::MutexLock lock(&seg_mu_);
-  if (active_fd_ == nullptr || active_end_ + len > kSegmentBytes) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_ + "/segments", ec);
-    const uint32_t next = last_segment_ + 1;
-    int f = open(SegmentPath(next).c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (f < 0) return errno;
-    last_segment_ = active_ = next;
-    active_end_ = 0;
-    active_fd_ = std::shared_ptr<const int>(new int(f), [](const int* p) {
-      close(*p);
-      delete p;
-    });
+int CacheFiles::NextSegmentLocked() {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_ + "/segments", ec);
+  const uint32_t next = last_segment_ + 1;
+  const std::string path = SegmentPath(next);
+  int f = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f < 0) return errno;
+  auto closer = [](const int* p) {
+    close(*p);
+    delete p;
+  };
+  last_segment_ = active_ = next;
+  active_end_ = 0;
+  active_fd_ = std::shared_ptr<const int>(new int(f), closer);
+  active_direct_fd_ = nullptr;
+  if (direct_writes_.load(std::memory_order_relaxed)) {
+    int d = open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (d >= 0) {
+      active_direct_fd_ = std::shared_ptr<const int>(new int(d), closer);
+    } else if (errno == EINVAL) {
+      direct_writes_ = false;
+      spdlog::info("cache: {} refuses O_DIRECT; segments are written through the page cache", dir_);
+    }
   }
-  slot->segment = active_;
-  slot->offset = active_end_;
-  slot->fd = active_fd_;
-  active_end_ += len;
   return 0;
+}
+
+int CacheFiles::ClaimSmall(const std::vector<size_t>& lens, std::vector<SmallSlot>* slots) {
+  uint64_t total = 0;
+  for (size_t len : lens) total += len;
+  slots->assign(lens.size(), SmallSlot{});
+  absl::MutexLock lock(&seg_mu_);
+  const bool direct = total >= kDirectRunMin && direct_writes_.load(std::memory_order_relaxed);
+  auto align = [](uint64_t at) { return (at + kDirectAlign - 1) / kDirectAlign * kDirectAlign; };
+  if (direct) active_end_ = align(active_end_);
+  for (size_t i = 0; i < lens.size(); i++) {
+    if (active_fd_ == nullptr || active_end_ + lens[i] > kSegmentBytes) {
+      if (int err = NextSegmentLocked(); err != 0) return err;
+    }
+    SmallSlot& slot = (*slots)[i];
+    slot.segment = active_;
+    slot.offset = active_end_;
+    slot.fd = active_fd_;
+    if (direct) slot.direct_fd = active_direct_fd_;
+    active_end_ += lens[i];
+  }
+  if (direct) active_end_ = align(active_end_);
+  return 0;
+}
+
+int CacheFiles::WriteDirectRun(int fd, uint64_t start, const std::vector<std::string_view>& data) {
+  std::shared_ptr<char[]> buf = TakeDirectBuffer();
+  size_t filled = 0;
+  uint64_t at = start;
+  int err = 0;
+  for (std::string_view d : data) {
+    for (size_t off = 0; off < d.size() && err == 0;) {
+      const size_t n = std::min(d.size() - off, kDirectBufferBytes - filled);
+      memcpy(buf.get() + filled, d.data() + off, n);
+      filled += n;
+      off += n;
+      if (filled == kDirectBufferBytes) {
+        err = PwriteFull(fd, buf.get(), filled, at);
+        at += filled;
+        filled = 0;
+      }
+    }
+  }
+  if (err == 0 && filled > 0) {  // the last piece padded to its 4 KiB boundary (claimed too)
+    const size_t padded = (filled + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    memset(buf.get() + filled, 0, padded - filled);
+    err = PwriteFull(fd, buf.get(), padded, at);
+  }
+  GiveDirectBuffer(std::move(buf));
+  return err;
 }
 
 int CacheFiles::WriteSmallRun(const std::vector<const SmallSlot*>& slots,
@@ -119,12 +175,25 @@ int CacheFiles::WriteSmallRun(const std::vector<const SmallSlot*>& slots,
   const int fd = *slots.front()->fd;
   const uint64_t start = slots.front()->offset;
   uint64_t len = 0;
+  for (std::string_view d : data) len += d.size();
+  if (const auto& direct = slots.front()->direct_fd; direct != nullptr) {
+    int err = WriteDirectRun(*direct, start, data);
+    if (err != EINVAL) {
+      if (err != 0) {
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
+                  static_cast<off_t>((len + kDirectAlign - 1) / kDirectAlign * kDirectAlign));
+      }
+      *stamp = ChangeStamp(fd);
+      return err;
+    }
+    // Opened with O_DIRECT but refused the write: this run and the ones after go buffered.
+    if (direct_writes_.exchange(false)) {
+      spdlog::info("cache: {} refuses O_DIRECT writes; segments go through the page cache", dir_);
+    }
+  }
   std::vector<struct iovec> iov;
   iov.reserve(data.size());
-  for (std::string_view d : data) {
-    iov.push_back({const_cast<char*>(d.data()), d.size()});
-    len += d.size();
-  }
+  for (std::string_view d : data) iov.push_back({const_cast<char*>(d.data()), d.size()});
   int err = 0;
   // pwritev of up to IOV_MAX pieces at a time, resumed after a short write.
   size_t first = 0;
