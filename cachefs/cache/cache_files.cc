@@ -24,6 +24,8 @@ namespace {
 
 constexpr size_t kDirectAlign = 4096;  // offset, length and memory alignment for O_DIRECT
 
+uint64_t AlignUp(uint64_t n) { return (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
+
 // Writes all of data at offset; returns 0 or an errno.
 int PwriteFull(int fd, const char* data, size_t len, uint64_t offset) {
   size_t done = 0;
@@ -126,8 +128,7 @@ int CacheFiles::ClaimSmall(const std::vector<size_t>& lens, std::vector<SmallSlo
   slots->assign(lens.size(), SmallSlot{});
   absl::MutexLock lock(&seg_mu_);
   const bool direct = total >= kDirectRunMin && direct_writes_.load(std::memory_order_relaxed);
-  auto align = [](uint64_t at) { return (at + kDirectAlign - 1) / kDirectAlign * kDirectAlign; };
-  if (direct) active_end_ = align(active_end_);
+  if (direct) active_end_ = AlignUp(active_end_);
   for (size_t i = 0; i < lens.size(); i++) {
     if (active_fd_ == nullptr || active_end_ + lens[i] > kSegmentBytes) {
       if (int err = NextSegmentLocked(); err != 0) return err;
@@ -139,7 +140,7 @@ int CacheFiles::ClaimSmall(const std::vector<size_t>& lens, std::vector<SmallSlo
     if (direct) slot.direct_fd = active_direct_fd_;
     active_end_ += lens[i];
   }
-  if (direct) active_end_ = align(active_end_);
+  if (direct) active_end_ = AlignUp(active_end_);
   return 0;
 }
 
@@ -162,7 +163,7 @@ int CacheFiles::WriteDirectRun(int fd, uint64_t start, const std::vector<std::st
     }
   }
   if (err == 0 && filled > 0) {  // the last piece padded to its 4 KiB boundary (claimed too)
-    const size_t padded = (filled + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    const size_t padded = AlignUp(filled);
     memset(buf.get() + filled, 0, padded - filled);
     err = PwriteFull(fd, buf.get(), padded, at);
   }
@@ -181,7 +182,7 @@ int CacheFiles::WriteSmallRun(const std::vector<const SmallSlot*>& slots,
     if (err != EINVAL) {
       if (err != 0) {
         fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
-                  static_cast<off_t>((len + kDirectAlign - 1) / kDirectAlign * kDirectAlign));
+                  static_cast<off_t>(AlignUp(len)));
       }
       *stamp = ChangeStamp(fd);
       return err;
@@ -329,7 +330,7 @@ bool CacheFiles::ReadFromDisk(const BlockAddr& addr, uint32_t segment, uint64_t 
   } else if (direct) {
     // An object packed into a segment: read its pages whole into an aligned buffer.
     const uint64_t start = offset / kDirectAlign * kDirectAlign;
-    const size_t span = (offset + len - start + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    const size_t span = AlignUp(offset + len - start);
     void* tmp = nullptr;
     ok = posix_memalign(&tmp, kDirectAlign, span) == 0;
     size_t done = 0;
