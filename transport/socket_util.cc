@@ -257,16 +257,17 @@ absl::Status SendFromFile(int sock, int in_fd, uint64_t offset, size_t n) {
 
 BufferedReader::BufferedReader(int fd, size_t capacity) : fd_(fd), buf_(capacity, '\0') {}
 
-absl::Status BufferedReader::Read(void* out, size_t n, BlockChecksummer* sum) {
+absl::Status BufferedReader::Read(void* out, size_t n, BlockChecksummer* sum, size_t then) {
   char* p = static_cast<char*>(out);
   size_t done = 0;
+  const bool large_next = then >= buf_.size() / 2;
   while (done < n) {
     if (start_ == end_) {
       start_ = end_ = 0;
       if (n - done >= buf_.size() / 2) return ReadLoop(fd_, p + done, n - done, true, sum);
       const int one = 1;  // the body of a batch's answers, as ReadBulk
       setsockopt(fd_, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
-      ssize_t r = recv(fd_, buf_.data(), buf_.size(), 0);
+      ssize_t r = recv(fd_, buf_.data(), large_next ? n - done : buf_.size(), 0);
       if (r > 0) {
         end_ = static_cast<size_t>(r);
         continue;

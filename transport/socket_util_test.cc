@@ -1,4 +1,5 @@
 // SendFromFile: a block file's bytes to a socket, through the page cache only when they are there.
+// BufferedReader: answers and small bodies through its buffer, large bodies straight to theirs.
 #include "transport/socket_util.h"
 
 #include <fcntl.h>
@@ -162,6 +163,39 @@ TEST_F(SendFromFileTest, ManySendsAtOnceEachGetTheirOwnBytes) {
     close(pairs[i][0]);
     close(pairs[i][1]);
   }
+}
+
+// Three answers as a peer sends them: a header and a large body, a header and a small body, a
+// last header. Read in the pieces FetchMany reads them in.
+TEST(BufferedReaderTest, ALargeBodyAnnouncedAfterAHeaderSkipsTheBuffer) {
+  int socks[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, socks), 0);
+  std::string large(100000, '\0'), small(1000, '\0');
+  for (size_t i = 0; i < large.size(); i++) large[i] = static_cast<char>(i * 7 + i / 251);
+  for (size_t i = 0; i < small.size(); i++) small[i] = static_cast<char>(i * 13);
+  const std::string h1(16, 'a'), h2(16, 'b'), h3(16, 'c');
+  const std::string sent = h1 + large + h2 + small + h3;
+  std::thread writer([&] { ASSERT_TRUE(WriteFull(socks[0], sent.data(), sent.size()).ok()); });
+  BufferedReader in(socks[1]);
+  std::string h(16, '\0'), body;
+  ASSERT_TRUE(in.Read(h.data(), h.size(), nullptr, large.size()).ok());
+  EXPECT_EQ(h, h1);
+  EXPECT_EQ(in.buffered(), 0u);  // none of the large body was taken into the buffer
+  body.assign(large.size(), '\0');
+  ASSERT_TRUE(in.Read(body.data(), body.size()).ok());
+  EXPECT_TRUE(body == large);
+  ASSERT_TRUE(in.Read(h.data(), h.size(), nullptr, small.size()).ok());
+  EXPECT_EQ(h, h2);
+  EXPECT_GT(in.buffered(), 0u);  // a small body comes with its header, in one read
+  body.assign(small.size(), '\0');
+  ASSERT_TRUE(in.Read(body.data(), body.size()).ok());
+  EXPECT_TRUE(body == small);
+  ASSERT_TRUE(in.Read(h.data(), h.size()).ok());
+  EXPECT_EQ(h, h3);
+  EXPECT_EQ(in.buffered(), 0u);
+  writer.join();
+  close(socks[0]);
+  close(socks[1]);
 }
 
 }  // namespace

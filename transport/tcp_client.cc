@@ -176,7 +176,7 @@ class TcpTransport final : public BlockTransport {
     std::string pf(kResponseSize, '\0');
     for (size_t i = 0; i < pieces.size(); i++) {
       FetchPiece& p = pieces[i];
-      s = in.Read(pf.data(), pf.size());
+      s = in.Read(pf.data(), pf.size(), nullptr, p.length);
       if (!s.ok()) return absl::UnavailableError(absl::StrCat("peer ", peer, ": ", s.message()));
       auto resp = DecodeResponse(pf);
       if (!resp || resp->request_id != ids[i]) {
