@@ -197,11 +197,40 @@ absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uin
     rebuilt = read_path_->OpenStream(MakeFileRef(*r->first, file_id));
     stream = rebuilt.get();
   }
-  auto r = read_path_->Read(*stream, offset, size, buf);
+  // A small file: on a miss, the next small files of its folder come from the origin with it.
+  const ReadPath::NextSmallFiles next = [this, ino](size_t max) {
+    return NextSmallFiles(ino, max);
+  };
+  auto r =
+      read_path_->Read(*stream, offset, size, buf, stream->file().Blocks() == 1 ? &next : nullptr);
   // Whatever kept the bytes from us (origin gone, changed, unreachable), the reader sees EIO;
   // the agent's log names the file and the reason.
   if (!r.ok()) return ErrnoStatus(EIO, std::string(r.status().message()));
   return r;
+}
+
+std::vector<FileRef> DatasetFs::NextSmallFiles(uint64_t ino, size_t max) {
+  std::vector<FileRef> out;
+  auto r = Resolve(ino);
+  if (!r.ok()) return out;
+  const DatasetView& view = *r->first;
+  uint32_t ds, v;
+  uint64_t file_id;
+  SplitIno(ino, &ds, &v, &file_id);
+  const std::optional<FsNode> dir =
+      r->second.parent == 0 ? std::nullopt : view.Get(r->second.parent);
+  if (!dir) return out;
+  // The folder's children are in id (= name) order: the ones after this file, as `ls` and
+  // `find` list them.
+  auto it = std::upper_bound(dir->children.begin(), dir->children.end(), file_id);
+  for (; it != dir->children.end() && out.size() < max; ++it) {
+    const std::optional<FsNode> n = view.Get(*it);
+    if (!n || n->type != rpc::FileEntry::FILE || n->size == 0 || n->size > view.block_size) {
+      continue;
+    }
+    out.push_back(MakeFileRef(view, *it));
+  }
+  return out;
 }
 
 absl::StatusOr<FileSystem::Backing> DatasetFs::OpenBacking(uint64_t ino, bool verified_only) {

@@ -67,6 +67,8 @@ class DatasetFs final : public FileSystem {
     std::unique_ptr<ReadStream> stream;
   };
 
+  // Up to `max` small files (one block each) after file `ino` in its folder, in name order.
+  std::vector<FileRef> NextSmallFiles(uint64_t ino, size_t max);
   // Resolves a non-root inode. Returns: NotFound.
   absl::StatusOr<std::pair<std::shared_ptr<const DatasetView>, FsNode>> Resolve(uint64_t ino);
   static Attr AttrOf(const DatasetView& view, uint64_t file_id, const FsNode& node);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +79,22 @@ class Origin {
   // Returns: Ok; NotFound (file or object gone); FailedPrecondition (changed since the manifest:
   // size, mtime or ETag differ, or it became short); Unavailable (I/O error, server down).
   virtual absl::Status Read(const OriginFile& file, uint64_t offset, size_t len, char* buf) = 0;
+
+  // One read of ReadMany.
+  struct ReadRequest {
+    const OriginFile* file = nullptr;
+    uint64_t offset = 0;
+    size_t len = 0;
+    char* buf = nullptr;
+  };
+  // Many reads at once, each as Read (a cold folder of small files: the POSIX origin issues
+  // them together, docs/architecture.md). Returns: per request, what Read would.
+  virtual std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) {
+    std::vector<absl::Status> out;
+    out.reserve(reqs.size());
+    for (const ReadRequest& r : reqs) out.push_back(Read(*r.file, r.offset, r.len, r.buf));
+    return out;
+  }
 };
 
 // The walk of a flat listing of objects (files: path, size, mode, mtime, etag as given), as a

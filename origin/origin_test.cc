@@ -270,6 +270,55 @@ TEST(PosixOriginTest, ReadsAndRefusesChangedMissingOrEscapingFiles) {
   }
 }
 
+// Many reads at once (more than one submission holds): each file's bytes land in its own buffer,
+// and a file that is changed, gone, escaping or shorter than its manifest fails alone, with what
+// Read says of it; through the router as well.
+TEST(PosixOriginTest, ReadManyReadsEachFileAndFailsOnlyTheBadOnes) {
+  TempDir d;
+  std::vector<OriginFile> files;
+  std::vector<std::string> bodies;
+  std::filesystem::create_directories(d.Sub("o/dir"));
+  for (int i = 0; i < 150; i++) {
+    const std::string rel = absl::StrCat("dir/f", i);
+    bodies.push_back(std::string(100 + i * 53, static_cast<char>('A' + i % 50)) +
+                     std::to_string(i));
+    WriteFile(d.Sub("o/" + rel), bodies.back());
+    struct stat st;
+    ASSERT_EQ(stat(d.Sub("o/" + rel).c_str(), &st), 0);
+    files.push_back({d.Sub("o"), rel, bodies.back().size(),
+                     static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                     ""});
+  }
+  files[7].size += 1;                                     // changed since the manifest
+  files[8].path = "dir/gone";                             // gone
+  files[9].path = "../o/dir/f9";                          // escaping
+  ASSERT_EQ(truncate(d.Sub("o/dir/f10").c_str(), 5), 0);  // the file shrank: size differs
+  for (auto& origin : {NewPosixOrigin(), NewOriginRouter()}) {
+    std::vector<std::string> bufs(files.size());
+    std::vector<Origin::ReadRequest> reqs;
+    for (size_t i = 0; i < files.size(); i++) {
+      bufs[i].assign(files[i].size, '\0');
+      reqs.push_back({&files[i], 0, files[i].size, bufs[i].data()});
+    }
+    // One read of part of a file, at an offset.
+    reqs[11].offset = 10;
+    reqs[11].len = 20;
+    std::vector<absl::Status> got = origin->ReadMany(reqs);
+    ASSERT_EQ(got.size(), files.size());
+    EXPECT_EQ(got[7].code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(got[8].code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(got[9].code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(got[10].code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(got[11].ok());
+    EXPECT_EQ(bufs[11].substr(0, 20), bodies[11].substr(10, 20));
+    for (size_t i = 0; i < files.size(); i++) {
+      if (i >= 7 && i <= 11) continue;
+      ASSERT_TRUE(got[i].ok()) << i << ": " << got[i];
+      EXPECT_EQ(bufs[i], bodies[i]) << i;
+    }
+  }
+}
+
 // An origin is a path: a root replaced by another directory (renamed over it) is read from the
 // new one, and a root that went away is NotFound, not read where it moved.
 TEST(PosixOriginTest, AReplacedRootIsReadFromTheNewDirectory) {

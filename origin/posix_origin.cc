@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/batch_read.h"
 #include "origin/internal.h"
 #include "origin/origin.h"
 
@@ -189,7 +190,57 @@ class PosixOrigin final : public Origin {
   }
 
   absl::Status Read(const OriginFile& file, uint64_t offset, size_t len, char* buf) override {
-    std::string full = absl::StrCat(file.root, "/", file.path);
+    const std::string full = absl::StrCat(file.root, "/", file.path);
+    absl::StatusOr<int> fd = OpenChecked(file, full);
+    if (!fd.ok()) return fd.status();
+    absl::Status st = ReadFd(*fd, full, offset, len, buf);
+    close(*fd);
+    return st;
+  }
+
+  // Every file opened and checked, then all their reads issued at once (BatchPread: one
+  // submission, one notify of the disk, one wait), then closed.
+  std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) override {
+    std::vector<absl::Status> out(reqs.size());
+    std::vector<PreadOp> ops;
+    std::vector<size_t> op_of;  // request index of each op
+    ops.reserve(reqs.size());
+    op_of.reserve(reqs.size());
+    for (size_t i = 0; i < reqs.size(); i++) {
+      const OriginFile& file = *reqs[i].file;
+      absl::StatusOr<int> fd = OpenChecked(file, absl::StrCat(file.root, "/", file.path));
+      if (!fd.ok()) {
+        out[i] = fd.status();
+        continue;
+      }
+      ops.push_back({.fd = *fd, .offset = reqs[i].offset, .len = reqs[i].len, .buf = reqs[i].buf});
+      op_of.push_back(i);
+    }
+    BatchPread(ops);
+    for (size_t k = 0; k < ops.size(); k++) {
+      const OriginFile& file = *reqs[op_of[k]].file;
+      if (ops[k].result < 0) {
+        out[op_of[k]] =
+            absl::UnavailableError(absl::StrCat("origin file ", file.root, "/", file.path, ": ",
+                                                strerror(static_cast<int>(-ops[k].result))));
+      } else if (static_cast<size_t>(ops[k].result) < ops[k].len) {
+        out[op_of[k]] = Shorter(absl::StrCat(file.root, "/", file.path));
+      }
+      close(ops[k].fd);
+    }
+    return out;
+  }
+
+ private:
+  static absl::Status Shorter(const std::string& full) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("origin file ", full, " is shorter than its manifest says"));
+  }
+
+  // Opens the file beneath its root and checks it is the manifest's (size, mtime). Returns: the
+  // fd; InvalidArgument (a path escaping the root), FailedPrecondition (a symlink on the way,
+  // changed), NotFound, Unavailable.
+  static absl::StatusOr<int> OpenChecked(const OriginFile& file, const std::string& full) {
     if (HasDotDot(file.path)) {
       return absl::InvalidArgumentError(absl::StrCat("path escapes the origin: ", file.path));
     }
@@ -203,23 +254,23 @@ class PosixOrigin final : public Origin {
       if (err == ELOOP || err == EXDEV) return absl::FailedPreconditionError(msg);
       return err == ENOENT ? absl::NotFoundError(msg) : absl::UnavailableError(msg);
     }
-    absl::Status st = ReadFd(fd, full, file, offset, len, buf);
-    close(fd);
-    return st;
-  }
-
- private:
-  static absl::Status ReadFd(int fd, const std::string& full, const OriginFile& file,
-                             uint64_t offset, size_t len, char* buf) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
-      return absl::UnavailableError(absl::StrCat("origin file ", full, ": ", strerror(errno)));
+      const int err = errno;
+      close(fd);
+      return absl::UnavailableError(absl::StrCat("origin file ", full, ": ", strerror(err)));
     }
     if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != file.size ||
         MtimeNs(st) != file.mtime_ns) {
+      close(fd);
       return absl::FailedPreconditionError(
           absl::StrCat("origin file ", full, " changed since this dataset version was taken"));
     }
+    return fd;
+  }
+
+  static absl::Status ReadFd(int fd, const std::string& full, uint64_t offset, size_t len,
+                             char* buf) {
     size_t done = 0;
     while (done < len) {
       ssize_t n = pread(fd, buf + done, len - done, static_cast<off_t>(offset + done));
@@ -227,10 +278,7 @@ class PosixOrigin final : public Origin {
         if (errno == EINTR) continue;
         return absl::UnavailableError(absl::StrCat("origin file ", full, ": ", strerror(errno)));
       }
-      if (n == 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("origin file ", full, " is shorter than its manifest says"));
-      }
+      if (n == 0) return Shorter(full);
       done += static_cast<size_t>(n);
     }
     return absl::OkStatus();

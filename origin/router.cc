@@ -2,6 +2,7 @@
 // dataset root through one Origin.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 
@@ -30,6 +31,17 @@ class OriginRouter final : public Origin {
   absl::Status Read(const OriginFile& file, uint64_t offset, size_t len, char* buf) override {
     ASSIGN_OR_RETURN(Origin * o, For(file.root));
     return o->Read(file, offset, len, buf);
+  }
+
+  std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) override {
+    // One origin's reads together (a batch comes from one dataset); mixed roots one by one.
+    const bool one_root = std::all_of(reqs.begin(), reqs.end(), [&](const ReadRequest& r) {
+      return r.file->root == reqs.front().file->root;
+    });
+    if (reqs.empty() || !one_root) return Origin::ReadMany(reqs);
+    absl::StatusOr<Origin*> o = For(reqs.front().file->root);
+    if (!o.ok()) return std::vector<absl::Status>(reqs.size(), o.status());
+    return (*o)->ReadMany(reqs);
   }
 
  private:

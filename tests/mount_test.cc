@@ -420,7 +420,10 @@ TEST_F(MountTest, OriginChangedInPlaceIsRefusedAndNotCached) {
   EXPECT_EQ(have->checksums(1), 0x0123456789abcdefULL);
   EXPECT_TRUE(ReadUncached(dir + "img-3.jpg") == ReadFile(origin_ + "/a/b/c/img-3.jpg"));
   rpc::NodeStats st = Settled(*node);
-  EXPECT_EQ(st.resident_blocks(), 1u) << "only img-3.jpg is cached";
+  // img-3.jpg and small files after it in the folder, read from the origin in the same batch;
+  // never the two whose claims conflicted (the folder holds 50).
+  EXPECT_GE(st.resident_blocks(), 1u);
+  EXPECT_LE(st.resident_blocks(), 48u) << "a file whose claim conflicted is cached";
 }
 
 // --fuse-uring: requests come through the per-CPU rings (not /dev/fuse reads), with the same

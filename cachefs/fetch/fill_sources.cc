@@ -82,28 +82,68 @@ FillSources::Fetched FillSources::Fetch(const FileRef& file, uint64_t index, Fil
     st = origin_->Read(file.origin, offset, len, f.data->data());
     if (st.ok()) {
       origin_fill->Observe(fill_seconds());
-      origin_reads_++;
-      bytes_origin_ += len;
-      f.checksum = BlockChecksum(f.data->data(), len);
-      // Meta's checksum, when a Locate told it, is checked before anyone gets the bytes; else
-      // ours is claimed after the reply (a writer thread, batched with other fills).
-      std::optional<uint64_t> known = checksums_->Known(addr);
-      if (checksums_->Conflicting(addr) || (known && *known != f.checksum)) {
-        st = OriginChanged();
-      } else {
-        f.claim = !known;
-      }
+      OriginBytes(file, index, len, &f);
     }
   }
-  if (!st.ok() && allow_origin) {
-    spdlog::error("read: {} block {} of {}/{}: {}{}", file.dataset_name, index, file.origin.root,
-                  file.origin.path, std::string(st.message()),
-                  absl::IsFailedPrecondition(st)
-                      ? absl::StrCat("; run `ember dataset refresh ", file.dataset_name, "`")
-                      : "");
-  }
+  if (!st.ok() && allow_origin) LogFailed(file, index, st);
   if (!st.ok()) f.data.reset();
   return f;
+}
+
+void FillSources::OriginBytes(const FileRef& file, uint64_t index, size_t len, Fetched* f) {
+  const BlockAddr addr = file.Block(index);
+  origin_reads_++;
+  bytes_origin_ += len;
+  f->checksum = BlockChecksum(f->data->data(), len);
+  // Meta's checksum, when a Locate told it, is checked before anyone gets the bytes; else ours
+  // is claimed after the reply (a writer thread, batched with other fills).
+  std::optional<uint64_t> known = checksums_->Known(addr);
+  if (checksums_->Conflicting(addr) || (known && *known != f->checksum)) {
+    f->status = OriginChanged();
+  } else {
+    f->claim = !known;
+  }
+}
+
+void FillSources::LogFailed(const FileRef& file, uint64_t index, const absl::Status& st) {
+  spdlog::error("read: {} block {} of {}/{}: {}{}", file.dataset_name, index, file.origin.root,
+                file.origin.path, std::string(st.message()),
+                absl::IsFailedPrecondition(st)
+                    ? absl::StrCat("; run `ember dataset refresh ", file.dataset_name, "`")
+                    : "");
+}
+
+std::vector<FillSources::Fetched> FillSources::FetchFromOrigin(
+    const std::vector<std::pair<const FileRef*, uint64_t>>& blocks) {
+  static metrics::Histogram* const origin_fill = metrics::Global().GetHistogram(
+      "ember_fill_seconds", "Block fills that succeeded, by source (peer fetch or origin read).",
+      {{"source", "origin"}});
+  std::vector<Fetched> out(blocks.size());
+  std::vector<origin::Origin::ReadRequest> reqs(blocks.size());
+  for (size_t i = 0; i < blocks.size(); i++) {
+    const auto& [file, index] = blocks[i];
+    const size_t len = static_cast<size_t>(file->BlockLength(index));
+    out[i].data = std::make_shared<BlockBuffer>(len);
+    reqs[i] = {&file->origin, index * file->block_size, len, out[i].data->data()};
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<absl::Status> got = origin_->ReadMany(reqs);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < blocks.size(); i++) {
+    const auto& [file, index] = blocks[i];
+    Fetched& f = out[i];
+    f.status = std::move(got[i]);
+    if (f.status.ok()) {
+      origin_fill->Observe(seconds);  // each waited for the batch
+      OriginBytes(*file, index, reqs[i].len, &f);
+    }
+    if (!f.status.ok()) {
+      LogFailed(*file, index, f.status);
+      f.data.reset();
+    }
+  }
+  return out;
 }
 
 }  // namespace ember::cachefs

@@ -60,11 +60,23 @@ class FillSources {
   std::vector<Fetched> FetchFromPeers(
       const std::vector<std::pair<const FileRef*, uint64_t>>& blocks);
 
+  // Origin reads of many blocks at once (Origin::ReadMany: a cold folder of small files), each
+  // checked as Fetch checks an origin read. Returns: per block of `blocks`, as Fetch with the
+  // origin as its only source.
+  std::vector<Fetched> FetchFromOrigin(
+      const std::vector<std::pair<const FileRef*, uint64_t>>& blocks);
+
   uint64_t bytes_from_peers() const { return bytes_peers_; }
   uint64_t bytes_from_origin() const { return bytes_origin_; }
   uint64_t origin_block_reads() const { return origin_reads_; }
 
  private:
+  // An origin read of `len` bytes into f->data succeeded: counts it, sums it and checks it
+  // against meta's checksum (FailedPrecondition in f->status when the origin changed).
+  void OriginBytes(const FileRef& file, uint64_t index, size_t len, Fetched* f);
+  // Logs a failed fill that may read the origin (with the refresh hint when it changed).
+  static void LogFailed(const FileRef& file, uint64_t index, const absl::Status& st);
+
   origin::Origin* const origin_;
   PeerFetcher* const peers_;
   ChecksumBook* const checksums_;

@@ -55,7 +55,7 @@ std::unique_ptr<ReadStream> ReadPath::OpenStream(const FileRef& file) const {
 }
 
 absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, size_t size,
-                                          char* buf) {
+                                          char* buf, const NextSmallFiles* next) {
   // Sequential reader: queue the next blocks once per block boundary crossed.
   // readahead_blocks 0: none.
   const int most = std::max(0, options_.readahead_blocks);
@@ -63,7 +63,7 @@ absl::StatusOr<ReadResult> ReadPath::Read(ReadStream& stream, uint64_t offset, s
       stream.Advance(offset, size, std::min(options_.readahead_min_blocks, most), most);
   // Queue skips (and wakes nobody for) blocks past the end: a small file queues nothing.
   if (count > 0) readahead_->Queue(stream.file(), first, count);
-  return ReadBlocks(stream.file(), offset, size, &stream, buf);
+  return ReadBlocks(stream.file(), offset, size, &stream, buf, next);
 }
 
 absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, size_t size,
@@ -72,7 +72,8 @@ absl::StatusOr<ReadResult> ReadPath::Read(const FileRef& file, uint64_t offset, 
 }
 
 absl::StatusOr<ReadResult> ReadPath::ReadBlocks(const FileRef& file, uint64_t offset, size_t size,
-                                                ReadStream* stream, char* buf) {
+                                                ReadStream* stream, char* buf,
+                                                const NextSmallFiles* next) {
   ReadResult result;
   const uint64_t file_size = file.origin.size;
   if (offset >= file_size || size == 0) return result;
@@ -91,7 +92,7 @@ absl::StatusOr<ReadResult> ReadPath::ReadBlocks(const FileRef& file, uint64_t of
     Segment seg;
     seg.len = to - from;
     for (int attempt = 0;; attempt++) {
-      auto block = GetBlock(file, index, count && attempt == 0);
+      auto block = GetBlock(file, index, count && attempt == 0, next);
       if (!block.ok()) return block.status();
       if (!block->hold) {
         if (!block->filled) bytes_cache_ += seg.len;  // a recent block kept in memory
@@ -130,7 +131,7 @@ absl::StatusOr<ReadResult> ReadPath::ReadBlocks(const FileRef& file, uint64_t of
 }
 
 absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uint64_t index,
-                                                        bool count) {
+                                                        bool count, const NextSmallFiles* next) {
   const BlockAddr addr = file.Block(index);
   bool filled = false;
   for (int attempt = 0; attempt < 5; attempt++) {
@@ -147,7 +148,10 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       return BlockBytes{std::move(hold), nullptr, filled};
     }
     filled = true;
-    Fill::Result fill = FillOnce(file, index, FillRoute::kPeersThenOrigin, nullptr)->WaitDone();
+    Fill::Result fill = (next != nullptr && *next && file.Blocks() == 1
+                             ? FillSmallFiles(file, *next)
+                             : FillOnce(file, index, FillRoute::kPeersThenOrigin, nullptr))
+                            ->WaitDone();
     if (fill.already) filled = false;  // someone else's fill ended just before: a hit
     if (!fill.status.ok() && fill.peer_only) continue;  // joined a prefetch's peer-only try
     if (!fill.status.ok()) return fill.status;
@@ -221,6 +225,47 @@ std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, Fi
     return fill;  // write-behind stores the block and ends the fill
   }
   inflight_.End(addr, fill);
+  return fill;
+}
+
+std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSmallFiles& next) {
+  const BlockAddr addr = file.Block(0);
+  // A peer may hold it: peer first, one file at a time (the origin is read once per cluster).
+  if (!LikelyUnheldByPeers(addr)) return FillOnce(file, 0, FillRoute::kPeersThenOrigin, nullptr);
+  auto [fill, leader] = inflight_.Join(addr);
+  if (!leader) return fill;
+  if (cache_->Resident(addr) || recent_.Get(addr) != nullptr) {
+    fill->Finish({.already = true});
+    fill->Settle(false);
+    inflight_.End(addr, fill);
+    return fill;
+  }
+  // This call leads the fills of the next small files that are neither cached nor in flight.
+  const std::vector<FileRef> more = next(kSmallBatch - 1);
+  std::vector<std::pair<const FileRef*, uint64_t>> lead{{&file, 0}};
+  std::vector<std::shared_ptr<Fill>> fills{fill};
+  uint64_t checksum = 0;
+  for (const FileRef& f : more) {
+    const BlockAddr a = f.Block(0);
+    if (f.Blocks() != 1 || cache_->Resident(a)) continue;
+    auto [g, leads] = inflight_.Join(a);
+    if (!leads) continue;  // someone else's fill
+    if (cache_->Resident(a) || recent_.Peek(a, &checksum) != nullptr) {
+      g->Finish({.already = true});
+      g->Settle(false);
+      inflight_.End(a, g);
+      continue;
+    }
+    lead.emplace_back(&f, 0);
+    fills.push_back(std::move(g));
+  }
+  std::vector<FillSources::Fetched> got = sources_.FetchFromOrigin(lead);
+  for (size_t k = 0; k < lead.size(); k++) {
+    misses_++;
+    if (!Deliver(*lead[k].first, 0, fills[k], FillRoute::kPeersThenOrigin, std::move(got[k]))) {
+      inflight_.End(lead[k].first->Block(0), fills[k]);
+    }
+  }
   return fill;
 }
 
@@ -311,9 +356,13 @@ absl::Status ReadPath::Settled(const std::shared_ptr<Fill>& fill) {
 
 bool ReadPath::FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
                          FillRoute route, const std::function<void(uint64_t)>* before_origin) {
-  const BlockAddr addr = file.Block(index);
   misses_++;
-  FillSources::Fetched f = sources_.Fetch(file, index, route, before_origin);
+  return Deliver(file, index, fill, route, sources_.Fetch(file, index, route, before_origin));
+}
+
+bool ReadPath::Deliver(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
+                       FillRoute route, FillSources::Fetched f) {
+  const BlockAddr addr = file.Block(index);
   // Readers waiting on this fill get the bytes now, from memory; the cache write happens after,
   // while they go on. Readers arriving meanwhile join this (done) fill: it stays in flight until
   // the write ends.

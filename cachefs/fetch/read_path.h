@@ -82,13 +82,23 @@ class ReadPath {
 
   // One open file's reading state (readahead window, block visits): see readahead.h.
   std::unique_ptr<ReadStream> OpenStream(const FileRef& file) const;
+  // The small files a reader of a small file likely reads next (the files after it in its
+  // folder, one block each), at most `max` of them: computed only on a miss.
+  using NextSmallFiles = std::function<std::vector<FileRef>(size_t max)>;
+  // Small files filled from the origin in one batch with a missing one (kSmallBatch - 1 of the
+  // next ones in its folder, those neither cached nor in flight).
+  static constexpr size_t kSmallBatch = 32;
+
   // Reads [offset, offset+size) for an open file, reading ahead of a sequential reader. `buf`:
-  // room for `size` bytes, where cached bytes go (null: the result owns a buffer).
+  // room for `size` bytes, where cached bytes go (null: the result owns a buffer). `next`
+  // (may be null): for a file of one block that no peer holds, the small files read from the
+  // origin together with it on a miss (an epoch over folders of small files: one batch of
+  // origin reads, one disk notify and one wait per kSmallBatch files instead of per file).
   // Returns: the segments covering the range clipped to the file size (holding what keeps them
   // valid); the fill's error when a block cannot be had: NotFound / FailedPrecondition /
   // Unavailable from the origin, FailedPrecondition when the origin changed in place.
   absl::StatusOr<ReadResult> Read(ReadStream& stream, uint64_t offset, size_t size,
-                                  char* buf = nullptr);
+                                  char* buf = nullptr, const NextSmallFiles* next = nullptr);
   // The same for a one-off read, without readahead; every block read counts as an access.
   absl::StatusOr<ReadResult> Read(const FileRef& file, uint64_t offset, size_t size,
                                   char* buf = nullptr);
@@ -155,10 +165,15 @@ class ReadPath {
   };
 
   absl::StatusOr<ReadResult> ReadBlocks(const FileRef& file, uint64_t offset, size_t size,
-                                        ReadStream* stream, char* buf);
+                                        ReadStream* stream, char* buf,
+                                        const NextSmallFiles* next = nullptr);
   // `count`: tell the cache policy of this access (not for readahead, nor again for the block
-  // a reader is already in).
-  absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index, bool count = true);
+  // a reader is already in). `next`: as Read's.
+  absl::StatusOr<BlockBytes> GetBlock(const FileRef& file, uint64_t index, bool count = true,
+                                      const NextSmallFiles* next = nullptr);
+  // FillOnce of a small file's only block, leading the fills of the next small files too and
+  // reading all from the origin in one batch. Peers first as FillOnce when one may hold it.
+  std::shared_ptr<Fill> FillSmallFiles(const FileRef& file, const NextSmallFiles& next);
   // Single-flight: joins the fill in flight for the block, or leads one. Returns: the fill,
   // done (its bytes or error handed out; maybe not yet settled).
   std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, FillRoute route,
@@ -168,6 +183,10 @@ class ReadPath {
   // and ends it), false when it failed (settled; the caller ends it).
   bool FillBlock(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
                  FillRoute route, const std::function<void(uint64_t)>* before_origin);
+  // FillBlock's second half, for bytes fetched: hands them to the fill's waiters, keeps them
+  // in memory and submits the cache write. Returns as FillBlock.
+  bool Deliver(const FileRef& file, uint64_t index, const std::shared_ptr<Fill>& fill,
+               FillRoute route, FillSources::Fetched f);
 
   BlockCache* const cache_;
   ChecksumBook* const checksums_;

@@ -9,8 +9,10 @@
 #include <list>
 #include <map>
 #include <random>
+#include <span>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cachefs/fetch/recent_blocks.h"
 #include "tests/testing/testing.h"
@@ -36,9 +38,14 @@ class FakeOrigin : public origin::Origin {
     std::memcpy(buf, it->second.data() + offset, len);
     return absl::OkStatus();
   }
+  std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) override {
+    batches.push_back(reqs.size());
+    return Origin::ReadMany(reqs);
+  }
   std::map<std::string, std::string> files;
   std::atomic<int> reads{0};
   int delay_ms = 0;
+  std::vector<size_t> batches;  // requests per ReadMany
 };
 
 // Meta's block directory in memory: checksums (first writer wins), one peer that may hold every
@@ -301,6 +308,98 @@ TEST_F(ReadPathTest, OriginErrorsAreErrorsNotBytes) {
   origin_.files["d/f.bin"] = content_ + "grown";
   r = read_path_->Read(Ref(), 0, 100);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A folder of 40 small files (one block each) for the batch tests: file i is s/fNN.
+class SmallFilesTest : public ReadPathTest {
+ protected:
+  void SetUp() override {
+    ReadPathTest::SetUp();
+    for (uint64_t i = 0; i < 40; i++) {
+      FileRef r = Ref();
+      r.file_id = 100 + i;
+      r.origin.path = absl::StrCat("s/f", i);
+      std::string body(1000 + i * 37, 'a' + static_cast<char>(i % 26));
+      body[0] = static_cast<char>(i);
+      r.origin.size = body.size();
+      origin_.files[r.origin.path] = body;
+      small_.push_back(r);
+    }
+  }
+  // The files after file i, as DatasetFs names them.
+  ReadPath::NextSmallFiles Next(uint64_t i) {
+    return [this, i](size_t max) {
+      std::vector<FileRef> out;
+      for (uint64_t k = i + 1; k < small_.size() && out.size() < max; k++) out.push_back(small_[k]);
+      return out;
+    };
+  }
+  absl::StatusOr<std::string> ReadSmall(uint64_t i) {
+    auto stream = read_path_->OpenStream(small_[i]);
+    const ReadPath::NextSmallFiles next = Next(i);
+    auto r = read_path_->Read(*stream, 0, 1 << 20, nullptr, &next);
+    if (!r.ok()) return r.status();
+    return Gather(*r);
+  }
+  std::vector<FileRef> small_;
+};
+
+// A miss on a small file reads the next small files of its folder from the origin in the same
+// batch; reading them then reads nothing more, and the batch after the first one starts where
+// the reader leaves what was read together.
+TEST_F(SmallFilesTest, AMissReadsTheNextSmallFilesInOneOriginBatch) {
+  for (uint64_t i = 0; i < small_.size(); i++) {
+    auto got = ReadSmall(i);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(*got, origin_.files[small_[i].origin.path]) << i;
+  }
+  EXPECT_EQ(origin_.reads, 40);  // each file once
+  EXPECT_EQ(origin_.batches,
+            (std::vector<size_t>{ReadPath::kSmallBatch, 40 - ReadPath::kSmallBatch}));
+  EXPECT_EQ(read_path_->GetStats().misses, 40u);
+  // Stored: read again after a restart of the read path, from the cache alone.
+  Open();
+  const int reads = origin_.reads;
+  for (uint64_t i = 0; i < small_.size(); i++) {
+    auto got = ReadSmall(i);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(*got, origin_.files[small_[i].origin.path]) << i;
+  }
+  EXPECT_EQ(origin_.reads, reads);
+}
+
+// A file of the batch that cannot be read fails alone: the file asked for is served, the others
+// too, and the broken one's own read gets its error.
+TEST_F(SmallFilesTest, AFileOfTheBatchThatFailsFailsAlone) {
+  origin_.files.erase(small_[3].origin.path);
+  origin_.files[small_[5].origin.path] += "grown";  // changed since the version was taken
+  auto got = ReadSmall(0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(origin_.batches.size(), 1u);
+  EXPECT_EQ(ReadSmall(3).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadSmall(5).status().code(), absl::StatusCode::kFailedPrecondition);
+  const int reads = origin_.reads;
+  for (uint64_t i : {1, 2, 4, 6, 31}) {
+    got = ReadSmall(i);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(*got, origin_.files[small_[i].origin.path]) << i;
+  }
+  EXPECT_EQ(origin_.reads, reads);
+}
+
+// Where a peer may hold the blocks, a miss takes its own block from the peer, one at a time: the
+// origin is read once per cluster, not once per batch of a node.
+TEST_F(SmallFilesTest, APeerThatMayHoldTheFilesIsAskedFirstWithoutABatch) {
+  Open(/*with_peers=*/true);
+  directory_.SetPeerHolds(true);
+  content_ = origin_.files[small_[0].origin.path];  // what the fake peer serves for block 0
+  directory_.SetChecksum(small_[0].Block(0), BlockChecksum(content_.data(), content_.size()));
+  auto got = ReadSmall(0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, content_);
+  EXPECT_EQ(transport_.fetches, 1);
+  EXPECT_EQ(origin_.reads, 0);
+  EXPECT_TRUE(origin_.batches.empty());
 }
 
 TEST_F(ReadPathTest, ASequentialReaderGetsTheNextBlocksFilledAhead) {

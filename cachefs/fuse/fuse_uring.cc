@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/io_ring.h"
 
 namespace ember::cachefs {
 namespace {
@@ -91,90 +92,6 @@ size_t OpArgSize(uint32_t opcode) {
   }
 }
 
-// A minimal io_uring (no liburing): one submitter, the thread that owns it.
-class Ring {
- public:
-  ~Ring() {
-    if (sqes_ != MAP_FAILED) munmap(sqes_, sqes_size_);
-    if (cq_ptr_ != MAP_FAILED && cq_ptr_ != sq_ptr_) munmap(cq_ptr_, cq_size_);
-    if (sq_ptr_ != MAP_FAILED) munmap(sq_ptr_, sq_size_);
-    if (fd_ >= 0) close(fd_);
-  }
-  bool Init(unsigned entries) {
-    io_uring_params p;
-    std::memset(&p, 0, sizeof(p));
-    p.flags = IORING_SETUP_SQE128 | IORING_SETUP_CQSIZE;
-    p.cq_entries = entries * 2;
-    fd_ = static_cast<int>(syscall(__NR_io_uring_setup, entries, &p));
-    if (fd_ < 0) return false;
-    sq_size_ = p.sq_off.array + p.sq_entries * sizeof(unsigned);
-    cq_size_ = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
-    const bool single = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
-    if (single) sq_size_ = cq_size_ = std::max(sq_size_, cq_size_);
-    sq_ptr_ = mmap(nullptr, sq_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_,
-                   IORING_OFF_SQ_RING);
-    if (sq_ptr_ == MAP_FAILED) return false;
-    cq_ptr_ = single ? sq_ptr_
-                     : mmap(nullptr, cq_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                            fd_, IORING_OFF_CQ_RING);
-    if (cq_ptr_ == MAP_FAILED) return false;
-    sqes_size_ = p.sq_entries * kSqeSize;
-    sqes_ = mmap(nullptr, sqes_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_,
-                 IORING_OFF_SQES);
-    if (sqes_ == MAP_FAILED) return false;
-    auto* sq = static_cast<char*>(sq_ptr_);
-    auto* cq = static_cast<char*>(cq_ptr_);
-    sq_head_ = reinterpret_cast<unsigned*>(sq + p.sq_off.head);
-    sq_tail_ = reinterpret_cast<unsigned*>(sq + p.sq_off.tail);
-    sq_mask_ = *reinterpret_cast<unsigned*>(sq + p.sq_off.ring_mask);
-    sq_array_ = reinterpret_cast<unsigned*>(sq + p.sq_off.array);
-    cq_head_ = reinterpret_cast<unsigned*>(cq + p.cq_off.head);
-    cq_tail_ = reinterpret_cast<unsigned*>(cq + p.cq_off.tail);
-    cq_mask_ = *reinterpret_cast<unsigned*>(cq + p.cq_off.ring_mask);
-    cqes_ = reinterpret_cast<io_uring_cqe*>(cq + p.cq_off.cqes);
-    return true;
-  }
-  // The next SQE, zeroed; Publish() queues it for the next Enter().
-  io_uring_sqe* Next() {
-    unsigned idx = *sq_tail_ & sq_mask_;
-    auto* sqe = reinterpret_cast<io_uring_sqe*>(static_cast<char*>(sqes_) + idx * kSqeSize);
-    std::memset(sqe, 0, kSqeSize);
-    sq_array_[idx] = idx;
-    return sqe;
-  }
-  void Publish() { __atomic_store_n(sq_tail_, *sq_tail_ + 1, __ATOMIC_RELEASE); }
-  // Submits what is queued and waits for `wait` completions. -errno on failure.
-  int Enter(unsigned wait) {
-    unsigned pending = *sq_tail_ - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
-    long r = syscall(__NR_io_uring_enter, fd_, pending, wait, wait ? IORING_ENTER_GETEVENTS : 0,
-                     nullptr, 0);
-    return r < 0 ? -errno : static_cast<int>(r);
-  }
-  // The next completion's result, if there is one; Pop() consumes it.
-  bool Peek(int* res) {
-    unsigned head = *cq_head_;
-    if (head == __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE)) return false;
-    *res = cqes_[head & cq_mask_].res;
-    return true;
-  }
-  bool Pop(int* res) {
-    if (!Peek(res)) return false;
-    __atomic_store_n(cq_head_, *cq_head_ + 1, __ATOMIC_RELEASE);
-    return true;
-  }
-
- private:
-  int fd_ = -1;
-  void* sq_ptr_ = MAP_FAILED;
-  void* cq_ptr_ = MAP_FAILED;
-  void* sqes_ = MAP_FAILED;
-  size_t sq_size_ = 0, cq_size_ = 0, sqes_size_ = 0;
-  unsigned *sq_head_ = nullptr, *sq_tail_ = nullptr, *sq_array_ = nullptr;
-  unsigned *cq_head_ = nullptr, *cq_tail_ = nullptr;
-  unsigned sq_mask_ = 0, cq_mask_ = 0;
-  io_uring_cqe* cqes_ = nullptr;
-};
-
 }  // namespace
 
 // One ring entry: its buffers, its io_uring and the thread (pinned to the entry's CPU) serving it.
@@ -204,7 +121,7 @@ class FuseUring::Entry {
     header_ = static_cast<UringReqHeader*>(h);
     payload_ = static_cast<char*>(p);
     std::memset(header_, 0, sizeof(*header_));
-    if (!ring_.Init(4))
+    if (!ring_.Init(4, IORING_SETUP_SQE128, 8))
       return absl::InternalError(absl::StrCat("io_uring_setup: ", strerror(errno)));
     iov_[0] = {header_, sizeof(*header_)};
     iov_[1] = {payload_, payload_size_};
@@ -214,9 +131,8 @@ class FuseUring::Entry {
     // Refused at once, or pending until a request comes. A request may already be there (the
     // kernel holds requests until every CPU has an entry, then hands them out): Serve() takes
     // it, so only look.
-    int res = 0;
-    if (ring_.Peek(&res) && res < 0) {
-      return absl::FailedPreconditionError(absl::StrCat("registering: ", strerror(-res)));
+    if (const io_uring_cqe* c = ring_.Peek(); c != nullptr && c->res < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("registering: ", strerror(-c->res)));
     }
     return absl::OkStatus();
   }
@@ -226,13 +142,14 @@ class FuseUring::Entry {
              std::atomic<uint64_t>& count) {
     std::vector<char> msg;
     while (!stopping) {
-      int res = 0;
-      int r = ring_.Peek(&res) ? 0 : ring_.Enter(1);  // one may be there already
+      int r = ring_.Peek() != nullptr ? 0 : ring_.Enter(1);  // one may be there already
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
         spdlog::error("fuse: io_uring_enter: {}", strerror(-r));
         return;
       }
-      while (ring_.Pop(&res)) {
+      for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr;) {
+        const int res = c->res;
+        ring_.Pop();
         if (res == -EINTR || res == -EAGAIN) {
           Command(last_cmd_, last_commit_);  // not taken: ask again
           continue;
@@ -294,7 +211,7 @@ class FuseUring::Entry {
   UringReqHeader* header_ = nullptr;
   char* payload_ = nullptr;
   iovec iov_[2];
-  Ring ring_;
+  IoRing ring_;
   uint32_t last_cmd_ = 0;
   uint64_t last_commit_ = 0;
 };

@@ -1,0 +1,112 @@
+#include "common/batch_read.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/io_ring.h"
+
+namespace ember {
+namespace {
+
+constexpr unsigned kEntries = 64;  // reads in flight per submission (a batch is cut in these)
+
+// A thread's ring for reads, and whether it still works.
+class ReadRing {
+ public:
+  ReadRing() {
+    // Completions are run when this thread waits for them (it always does), not by interrupts
+    // of whatever runs: 6.1+; older kernels take the plain ring.
+    ok_ = ring_.Init(kEntries, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN) ||
+          (errno == EINVAL && ring_.Init(kEntries, 0));
+  }
+  bool ok() const { return ok_; }
+  size_t entries() const { return std::min<size_t>(ring_.entries(), kEntries); }
+
+  // Reads ops (at most entries() of them) at once: each op's result is the bytes its one read
+  // got, or -errno. Returns false if the ring failed (the caller reads every op itself).
+  bool Read(std::span<PreadOp> ops) {
+    for (size_t i = 0; i < ops.size(); i++) {
+      io_uring_sqe* sqe = ring_.Next();
+      sqe->opcode = IORING_OP_READ;
+      sqe->fd = ops[i].fd;
+      sqe->off = ops[i].offset;
+      sqe->addr = reinterpret_cast<uint64_t>(ops[i].buf);
+      sqe->len = static_cast<uint32_t>(ops[i].len);
+      sqe->user_data = i;
+      ring_.Publish();
+    }
+    size_t done = 0, taken = 0;
+    while (done < ops.size()) {
+      // Submit what the kernel has not taken yet, without waiting (a submission cut short must
+      // not wait for more completions than are in flight); then wait for every read left.
+      const int r = ring_.Enter(ring_.Pending() > 0 ? 0 : static_cast<unsigned>(ops.size() - done));
+      if (r > 0) taken += static_cast<size_t>(r);
+      if (r < 0 && r != -EINTR) {
+        // Unusable: the reads it took are waited for once (they write into the caller's
+        // buffers), then the caller reads every op itself.
+        if (taken > done) ring_.Enter(static_cast<unsigned>(taken - done));
+        ok_ = false;
+        return false;
+      }
+      for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) {
+        if (c->user_data < ops.size()) {
+          ops[c->user_data].result = c->res;
+          done++;
+        }
+      }
+    }
+    return true;
+  }
+
+ private:
+  IoRing ring_;
+  bool ok_ = false;
+};
+
+ReadRing& ThreadRing() {
+  thread_local ReadRing ring;
+  return ring;
+}
+
+// Finishes op from `got` bytes on with preads: until len, EOF or an error.
+void FinishByPread(PreadOp& op, size_t got) {
+  while (got < op.len) {
+    const ssize_t n = pread(op.fd, op.buf + got, op.len - got, static_cast<off_t>(op.offset + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      op.result = -errno;
+      return;
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  op.result = static_cast<int64_t>(got);
+}
+
+}  // namespace
+
+bool BatchPreadUsesUring() { return ThreadRing().ok(); }
+
+void BatchPread(std::span<PreadOp> ops) {
+  ReadRing& ring = ThreadRing();
+  size_t at = 0;
+  while (ring.ok() && at < ops.size()) {
+    std::span<PreadOp> chunk = ops.subspan(at, std::min(ring.entries(), ops.size() - at));
+    if (!ring.Read(chunk)) break;
+    for (PreadOp& op : chunk) {
+      // A short read (the page cache had part) or an interrupted one: the rest by pread.
+      if (op.result == -EINTR || op.result == -EAGAIN) {
+        FinishByPread(op, 0);
+      } else if (op.result >= 0 && static_cast<size_t>(op.result) < op.len) {
+        FinishByPread(op, static_cast<size_t>(op.result));
+      }
+    }
+    at += chunk.size();
+  }
+  for (; at < ops.size(); at++) FinishByPread(ops[at], 0);
+}
+
+}  // namespace ember

@@ -1,0 +1,32 @@
+// BatchPread: many reads of many files issued at once, through one io_uring submission per batch
+// (each calling thread keeps a small ring of its own). Why: on a VM every disk request the kernel
+// sends is a notify to the host (a VM exit, ~15-20 us of a core here); reads submitted together
+// are dispatched under one plug and share one notify, and the caller sleeps once for the batch
+// instead of once per read. What a cold epoch over a folder of small files pays per file
+// (docs/benchmarks.md, #21). Without io_uring (an old kernel, `kernel.io_uring_disabled`), the
+// reads are plain preads one after another: the same results, slower.
+// Thread-safe: a ring per thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace ember {
+
+struct PreadOp {
+  int fd = -1;
+  uint64_t offset = 0;
+  size_t len = 0;
+  char* buf = nullptr;
+  // Out: bytes read (== len unless the file ended first), or -errno.
+  int64_t result = 0;
+};
+
+// Reads every op (short reads are retried from where they stopped, until EOF or len).
+void BatchPread(std::span<PreadOp> ops);
+
+// Whether this thread's reads go through io_uring (false: plain preads). For tests and logs.
+bool BatchPreadUsesUring();
+
+}  // namespace ember

@@ -1,0 +1,69 @@
+#include "common/batch_read.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <vector>
+
+namespace ember {
+namespace {
+
+// Reads of several files, more than one submission holds, each landing in its own buffer with
+// the bytes it asked for; a read that reaches the end of its file is short by what is not
+// there, one past the end reads nothing, and one of a directory fails alone.
+TEST(BatchPreadTest, EveryReadGetsItsBytesOrItsError) {
+  char tmpl[] = "/tmp/ember-batch-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::vector<int> fds;
+  std::vector<std::string> bodies;
+  for (int f = 0; f < 3; f++) {
+    std::string body(100000 + f * 4099, '\0');
+    for (size_t i = 0; i < body.size(); i++) body[i] = static_cast<char>(i * 31 + f * 7 + i / 251);
+    const std::string path = dir + "/f" + std::to_string(f);
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, body.data(), body.size()), static_cast<ssize_t>(body.size()));
+    fds.push_back(fd);
+    bodies.push_back(body);
+    unlink(path.c_str());
+  }
+  const int a_dir = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(a_dir, 0);
+  std::vector<PreadOp> ops;
+  std::vector<std::string> bufs(200);
+  for (size_t i = 0; i < 200; i++) {
+    const size_t f = i % 3;
+    const uint64_t off = (i * 977) % (bodies[f].size() - 2000);
+    bufs[i].assign(1500 + i, '\0');
+    ops.push_back({.fd = fds[f], .offset = off, .len = bufs[i].size(), .buf = bufs[i].data()});
+  }
+  std::string tail(5000, '\0'), past(10, '\0'), bad(10, '\0');
+  ops.push_back(
+      {.fd = fds[1], .offset = bodies[1].size() - 100, .len = tail.size(), .buf = tail.data()});
+  ops.push_back(
+      {.fd = fds[2], .offset = bodies[2].size() + 10, .len = past.size(), .buf = past.data()});
+  ops.push_back({.fd = a_dir, .offset = 0, .len = bad.size(), .buf = bad.data()});
+  BatchPread(ops);
+  for (size_t i = 0; i < 200; i++) {
+    const size_t f = i % 3;
+    ASSERT_EQ(ops[i].result, static_cast<int64_t>(bufs[i].size())) << i;
+    EXPECT_EQ(bufs[i], bodies[f].substr(ops[i].offset, bufs[i].size())) << i;
+  }
+  EXPECT_EQ(ops[200].result, 100);
+  EXPECT_EQ(tail.substr(0, 100), bodies[1].substr(bodies[1].size() - 100));
+  EXPECT_EQ(ops[201].result, 0);
+  EXPECT_EQ(ops[202].result, -EISDIR);
+  // Empty batches are fine.
+  BatchPread({});
+  std::cerr << "io_uring: " << (BatchPreadUsesUring() ? "yes" : "no (preads)") << "\n";
+  for (int fd : fds) close(fd);
+  close(a_dir);
+  rmdir(dir.c_str());
+}
+
+}  // namespace
+}  // namespace ember
