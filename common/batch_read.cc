@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "common/io_ring.h"
 
@@ -25,24 +26,48 @@ class ReadRing {
   bool ok() const { return ok_; }
   size_t entries() const { return std::min<size_t>(ring_.entries(), kEntries); }
 
-  // Reads ops (at most entries() of them) at once: each op's result is the bytes its one read
-  // got, or -errno. Returns false if the ring failed (the caller reads every op itself).
+  // Reads ops (at most entries() of them) at once: each op's result is the bytes read (short
+  // only at the end of its file), or -errno. A read cut short (the first pages were in memory,
+  // the rest not yet) is submitted again for the rest with the others' rests, never read alone.
+  // Returns false if the ring failed (the caller reads every op itself).
   bool Read(std::span<PreadOp> ops) {
+    std::vector<size_t> open(ops.size());  // ops not finished
     for (size_t i = 0; i < ops.size(); i++) {
-      io_uring_sqe* sqe = ring_.Next();
-      sqe->opcode = IORING_OP_READ;
-      sqe->fd = ops[i].fd;
-      sqe->off = ops[i].offset;
-      sqe->addr = reinterpret_cast<uint64_t>(ops[i].buf);
-      sqe->len = static_cast<uint32_t>(ops[i].len);
-      sqe->user_data = i;
-      ring_.Publish();
+      open[i] = i;
+      ops[i].result = 0;
     }
+    while (!open.empty()) {
+      for (size_t i : open) {
+        PreadOp& op = ops[i];
+        const auto got = static_cast<size_t>(op.result);
+        io_uring_sqe* sqe = ring_.Next();
+        sqe->opcode = IORING_OP_READ;
+        sqe->fd = op.fd;
+        sqe->off = op.offset + got;
+        sqe->addr = reinterpret_cast<uint64_t>(op.buf + got);
+        sqe->len = static_cast<uint32_t>(op.len - got);
+        sqe->user_data = i;
+        ring_.Publish();
+      }
+      if (!Wait(ops, open.size())) return false;
+      std::erase_if(open, [&](size_t i) {
+        const int64_t r = ops[i].result;
+        return r < 0 || static_cast<size_t>(r) >= ops[i].len || last_[i] == 0;
+      });
+    }
+    return true;
+  }
+
+ private:
+  // Submits what is published and reaps `n` completions into ops: a read's bytes are added to
+  // its result (last_ says what this round's read got), an error replaces it.
+  bool Wait(std::span<PreadOp> ops, size_t n) {
+    last_.assign(ops.size(), -1);
     size_t done = 0, taken = 0;
-    while (done < ops.size()) {
+    while (done < n) {
       // Submit what the kernel has not taken yet, without waiting (a submission cut short must
       // not wait for more completions than are in flight); then wait for every read left.
-      const int r = ring_.Enter(ring_.Pending() > 0 ? 0 : static_cast<unsigned>(ops.size() - done));
+      const int r = ring_.Enter(ring_.Pending() > 0 ? 0 : static_cast<unsigned>(n - done));
       if (r > 0) taken += static_cast<size_t>(r);
       if (r < 0 && r != -EINTR) {
         // Unusable: the reads it took are waited for once (they write into the caller's
@@ -52,18 +77,25 @@ class ReadRing {
         return false;
       }
       for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) {
-        if (c->user_data < ops.size()) {
-          ops[c->user_data].result = c->res;
-          done++;
+        if (c->user_data >= ops.size()) continue;
+        PreadOp& op = ops[c->user_data];
+        last_[c->user_data] = c->res;
+        if (c->res == -EINTR || c->res == -EAGAIN) {
+          last_[c->user_data] = 1;  // not an end: submitted again
+        } else if (c->res < 0) {
+          op.result = c->res;
+        } else {
+          op.result += c->res;
         }
+        done++;
       }
     }
     return true;
   }
 
- private:
   IoRing ring_;
   bool ok_ = false;
+  std::vector<int64_t> last_;  // per op: what its read of the round got
 };
 
 ReadRing& ThreadRing() {
@@ -96,14 +128,6 @@ void BatchPread(std::span<PreadOp> ops) {
   while (ring.ok() && at < ops.size()) {
     std::span<PreadOp> chunk = ops.subspan(at, std::min(ring.entries(), ops.size() - at));
     if (!ring.Read(chunk)) break;
-    for (PreadOp& op : chunk) {
-      // A short read (the page cache had part) or an interrupted one: the rest by pread.
-      if (op.result == -EINTR || op.result == -EAGAIN) {
-        FinishByPread(op, 0);
-      } else if (op.result >= 0 && static_cast<size_t>(op.result) < op.len) {
-        FinishByPread(op, static_cast<size_t>(op.result));
-      }
-    }
     at += chunk.size();
   }
   for (; at < ops.size(); at++) FinishByPread(ops[at], 0);

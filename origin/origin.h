@@ -88,13 +88,16 @@ class Origin {
     char* buf = nullptr;
   };
   // Many reads at once, each as Read (a cold folder of small files: the POSIX origin issues
-  // them together, docs/architecture.md). Returns: per request, what Read would.
+  // them together, docs/architecture.md; others read one after another, so the first waits for
+  // all: ask ReadsManyAtOnce first). Returns: per request, what Read would.
   virtual std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) {
     std::vector<absl::Status> out;
     out.reserve(reqs.size());
     for (const ReadRequest& r : reqs) out.push_back(Read(*r.file, r.offset, r.len, r.buf));
     return out;
   }
+  // Whether ReadMany of files under `root` takes about as long as one Read (the reads overlap).
+  virtual bool ReadsManyAtOnce(const std::string& root) { return false; }
 };
 
 // The walk of a flat listing of objects (files: path, size, mode, mtime, etag as given), as a

@@ -303,6 +303,7 @@ TEST(PosixOriginTest, ReadManyReadsEachFileAndFailsOnlyTheBadOnes) {
     // One read of part of a file, at an offset.
     reqs[11].offset = 10;
     reqs[11].len = 20;
+    EXPECT_TRUE(origin->ReadsManyAtOnce(files[0].root));
     std::vector<absl::Status> got = origin->ReadMany(reqs);
     ASSERT_EQ(got.size(), files.size());
     EXPECT_EQ(got[7].code(), absl::StatusCode::kFailedPrecondition);

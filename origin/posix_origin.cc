@@ -200,6 +200,8 @@ class PosixOrigin final : public Origin {
 
   // Every file opened and checked, then all their reads issued at once (BatchPread: one
   // submission, one notify of the disk, one wait), then closed.
+  bool ReadsManyAtOnce(const std::string&) override { return true; }
+
   std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) override {
     std::vector<absl::Status> out(reqs.size());
     std::vector<PreadOp> ops;

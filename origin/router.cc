@@ -33,6 +33,11 @@ class OriginRouter final : public Origin {
     return o->Read(file, offset, len, buf);
   }
 
+  bool ReadsManyAtOnce(const std::string& root) override {
+    absl::StatusOr<Origin*> o = For(root);
+    return o.ok() && (*o)->ReadsManyAtOnce(root);
+  }
+
   std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) override {
     // One origin's reads together (a batch comes from one dataset); mixed roots one by one.
     const bool one_root = std::all_of(reqs.begin(), reqs.end(), [&](const ReadRequest& r) {

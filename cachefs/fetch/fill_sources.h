@@ -65,6 +65,10 @@ class FillSources {
   // origin as its only source.
   std::vector<Fetched> FetchFromOrigin(
       const std::vector<std::pair<const FileRef*, uint64_t>>& blocks);
+  // Whether FetchFromOrigin of the file's origin reads many about as fast as one.
+  bool OriginReadsManyAtOnce(const FileRef& file) {
+    return origin_->ReadsManyAtOnce(file.origin.root);
+  }
 
   uint64_t bytes_from_peers() const { return bytes_peers_; }
   uint64_t bytes_from_origin() const { return bytes_origin_; }

@@ -231,7 +231,10 @@ std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, Fi
 std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSmallFiles& next) {
   const BlockAddr addr = file.Block(0);
   // A peer may hold it: peer first, one file at a time (the origin is read once per cluster).
-  if (!LikelyUnheldByPeers(addr)) return FillOnce(file, 0, FillRoute::kPeersThenOrigin, nullptr);
+  // An origin that reads one file after another (S3, HTTP): the reader would wait for the batch.
+  if (!LikelyUnheldByPeers(addr) || !sources_.OriginReadsManyAtOnce(file)) {
+    return FillOnce(file, 0, FillRoute::kPeersThenOrigin, nullptr);
+  }
   auto [fill, leader] = inflight_.Join(addr);
   if (!leader) return fill;
   if (cache_->Resident(addr) || recent_.Get(addr) != nullptr) {

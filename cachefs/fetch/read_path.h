@@ -91,12 +91,13 @@ class ReadPath {
 
   // Reads [offset, offset+size) for an open file, reading ahead of a sequential reader. `buf`:
   // room for `size` bytes, where cached bytes go (null: the result owns a buffer). `next`
-  // (may be null): for a file of one block that no peer holds, the small files read from the
-  // origin together with it on a miss (an epoch over folders of small files: one batch of
-  // origin reads, one disk notify and one wait per kSmallBatch files instead of per file).
-  // Returns: the segments covering the range clipped to the file size (holding what keeps them
-  // valid); the fill's error when a block cannot be had: NotFound / FailedPrecondition /
-  // Unavailable from the origin, FailedPrecondition when the origin changed in place.
+  // (may be null): for a file of one block that no peer holds, in an origin that reads many
+  // files at once (POSIX), the small files read from the origin together with it on a miss (an
+  // epoch over folders of small files: one batch of origin reads, one disk notify and one wait per
+  // kSmallBatch files instead of per file). Returns: the segments covering the range clipped to the
+  // file size (holding what keeps them valid); the fill's error when a block cannot be had:
+  // NotFound / FailedPrecondition / Unavailable from the origin, FailedPrecondition when the origin
+  // changed in place.
   absl::StatusOr<ReadResult> Read(ReadStream& stream, uint64_t offset, size_t size,
                                   char* buf = nullptr, const NextSmallFiles* next = nullptr);
   // The same for a one-off read, without readahead; every block read counts as an access.

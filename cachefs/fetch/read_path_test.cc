@@ -42,6 +42,8 @@ class FakeOrigin : public origin::Origin {
     batches.push_back(reqs.size());
     return Origin::ReadMany(reqs);
   }
+  bool ReadsManyAtOnce(const std::string&) override { return many_at_once; }
+  bool many_at_once = true;
   std::map<std::string, std::string> files;
   std::atomic<int> reads{0};
   int delay_ms = 0;
@@ -385,6 +387,19 @@ TEST_F(SmallFilesTest, AFileOfTheBatchThatFailsFailsAlone) {
     EXPECT_EQ(*got, origin_.files[small_[i].origin.path]) << i;
   }
   EXPECT_EQ(origin_.reads, reads);
+}
+
+// An origin that reads one file after another (S3, HTTP) is not asked for a batch: the file
+// asked for would wait for all of them.
+TEST_F(SmallFilesTest, AnOriginThatReadsOneAfterAnotherGetsNoBatch) {
+  origin_.many_at_once = false;
+  for (uint64_t i = 0; i < 3; i++) {
+    auto got = ReadSmall(i);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, origin_.files[small_[i].origin.path]);
+  }
+  EXPECT_EQ(origin_.reads, 3);
+  EXPECT_TRUE(origin_.batches.empty());
 }
 
 // Where a peer may hold the blocks, a miss takes its own block from the peer, one at a time: the
