@@ -201,8 +201,9 @@ absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uin
   const ReadPath::NextSmallFiles next = [this, ino](size_t max) {
     return NextSmallFiles(ino, max);
   };
-  auto r =
-      read_path_->Read(*stream, offset, size, buf, stream->file().Blocks() == 1 ? &next : nullptr);
+  auto r = read_path_->Read(
+      *stream, offset, size, buf,
+      stream->file().origin.size <= ReadPath::kSmallBatchFileMax ? &next : nullptr);
   // Whatever kept the bytes from us (origin gone, changed, unreachable), the reader sees EIO;
   // the agent's log names the file and the reason.
   if (!r.ok()) return ErrnoStatus(EIO, std::string(r.status().message()));
@@ -225,7 +226,8 @@ std::vector<FileRef> DatasetFs::NextSmallFiles(uint64_t ino, size_t max) {
   auto it = std::upper_bound(dir->children.begin(), dir->children.end(), file_id);
   for (; it != dir->children.end() && out.size() < max; ++it) {
     const std::optional<FsNode> n = view.Get(*it);
-    if (!n || n->type != rpc::FileEntry::FILE || n->size == 0 || n->size > view.block_size) {
+    if (!n || n->type != rpc::FileEntry::FILE || n->size == 0 ||
+        n->size > std::min<uint64_t>(view.block_size, ReadPath::kSmallBatchFileMax)) {
       continue;
     }
     out.push_back(MakeFileRef(view, *it));

@@ -148,9 +148,10 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       return BlockBytes{std::move(hold), nullptr, filled};
     }
     filled = true;
-    Fill::Result fill = (next != nullptr && *next && file.Blocks() == 1
-                             ? FillSmallFiles(file, *next)
-                             : FillOnce(file, index, FillRoute::kPeersThenOrigin, nullptr))
+    const bool small =
+        next != nullptr && *next && file.Blocks() == 1 && file.origin.size <= kSmallBatchFileMax;
+    Fill::Result fill = (small ? FillSmallFiles(file, *next)
+                               : FillOnce(file, index, FillRoute::kPeersThenOrigin, nullptr))
                             ->WaitDone();
     if (fill.already) filled = false;  // someone else's fill ended just before: a hit
     if (!fill.status.ok() && fill.peer_only) continue;  // joined a prefetch's peer-only try
@@ -248,9 +249,11 @@ std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSm
   std::vector<std::pair<const FileRef*, uint64_t>> lead{{&file, 0}};
   std::vector<std::shared_ptr<Fill>> fills{fill};
   uint64_t checksum = 0;
+  uint64_t bytes = file.origin.size;
   for (const FileRef& f : more) {
     const BlockAddr a = f.Block(0);
-    if (f.Blocks() != 1 || cache_->Resident(a)) continue;
+    if (f.Blocks() != 1 || f.origin.size > kSmallBatchFileMax || cache_->Resident(a)) continue;
+    if (bytes + f.origin.size > kSmallBatchBytes) break;
     auto [g, leads] = inflight_.Join(a);
     if (!leads) continue;  // someone else's fill
     if (cache_->Resident(a) || recent_.Peek(a, &checksum) != nullptr) {
@@ -261,6 +264,7 @@ std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSm
     }
     lead.emplace_back(&f, 0);
     fills.push_back(std::move(g));
+    bytes += f.origin.size;
   }
   std::vector<FillSources::Fetched> got = sources_.FetchFromOrigin(lead);
   for (size_t k = 0; k < lead.size(); k++) {

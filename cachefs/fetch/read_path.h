@@ -85,14 +85,17 @@ class ReadPath {
   // The small files a reader of a small file likely reads next (the files after it in its
   // folder, one block each), at most `max` of them: computed only on a miss.
   using NextSmallFiles = std::function<std::vector<FileRef>(size_t max)>;
-  // Small files filled from the origin in one batch with a missing one (kSmallBatch - 1 of the
-  // next ones in its folder, those neither cached nor in flight).
+  // Small files (at most kSmallBatchFileMax bytes) filled from the origin in one batch with a
+  // missing one: up to kSmallBatch - 1 of the next ones in its folder, those neither cached nor
+  // in flight, and at most kSmallBatchBytes in all.
   static constexpr size_t kSmallBatch = 32;
+  static constexpr uint64_t kSmallBatchFileMax = 256 << 10;
+  static constexpr uint64_t kSmallBatchBytes = 8 << 20;
 
   // Reads [offset, offset+size) for an open file, reading ahead of a sequential reader. `buf`:
   // room for `size` bytes, where cached bytes go (null: the result owns a buffer). `next`
-  // (may be null): for a file of one block that no peer holds, in an origin that reads many
-  // files at once (POSIX), the small files read from the origin together with it on a miss (an
+  // (may be null): for a small file that no peer holds, in an origin that reads many files at
+  // once (POSIX), the small files read from the origin together with it on a miss (an
   // epoch over folders of small files: one batch of origin reads, one disk notify and one wait per
   // kSmallBatch files instead of per file). Returns: the segments covering the range clipped to the
   // file size (holding what keeps them valid); the fill's error when a block cannot be had:
