@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/batch_read.h"
 #include "common/file_io.h"
 #include "transport/block_transport.h"
 #include "transport/qp_responder.h"
@@ -36,6 +37,25 @@ constexpr auto kIdleTimeout = std::chrono::minutes(5);
 // are sent once kFlushAt bytes are waiting, or when no request is.
 constexpr uint32_t kGatherMax = 256 << 10;
 constexpr size_t kFlushAt = 1 << 20;
+
+// The answers gathered for one send, and the reads of their bodies still to do: small bodies in
+// cache files are read all at once when the answers go (BatchPread: one submission, one wait;
+// a holder serving a prefetch reads blocks that left its memory from disk, and read one by one
+// each was a disk request, a notify of the disk and a sleep of this thread).
+struct Outbox {
+  struct Read {
+    int fd;
+    uint64_t offset;
+    size_t len;
+    size_t at;                         // where the body goes in bytes
+    size_t resp_at;                    // where its answer starts in bytes
+    std::shared_ptr<const void> hold;  // keeps fd valid
+  };
+  std::string bytes;
+  std::vector<Read> reads;
+  bool empty() const { return bytes.empty(); }
+  size_t size() const { return bytes.size(); }
+};
 
 // Thread-safety: mu_ guards the connection set, the threads and the counters; no I/O happens
 // under it (a connection thread takes it only to count, and once to leave).
@@ -199,7 +219,7 @@ class TcpServer final : public BlockServer {
     // A batch of requests (FetchMany) arrives together: they are read from one buffer, and the
     // answers of small blocks gathered in `out`, sent once no more requests are waiting.
     BufferedReader in(fd);
-    std::string out;
+    Outbox out;
     while (true) {
       if (in.buffered() == 0) {
         if (!Flush(fd, &out)) return;
@@ -234,20 +254,48 @@ class TcpServer final : public BlockServer {
   }
 
   // Sends the answers gathered. Returns: false if the connection failed.
-  static bool Flush(int fd, std::string* out) {
+  static bool Flush(int fd, Outbox* out) {
     if (out->empty()) return true;
-    const bool ok = WriteFull(fd, out->data(), out->size()).ok();
-    out->clear();
+    const size_t good = ReadBodies(out);
+    const bool ok = WriteFull(fd, out->bytes.data(), good).ok() && good == out->size();
+    out->bytes.clear();
     return ok;
   }
 
+  // Reads the bodies out waits for, all at once. Returns: how much of out->bytes is whole: all
+  // of it, or up to the answer of the first body that could not be read (the client sees a
+  // short read there and moves on; the connection ends).
+  static size_t ReadBodies(Outbox* out) {
+    if (out->reads.empty()) return out->size();
+    std::vector<PreadOp> ops;
+    ops.reserve(out->reads.size());
+    for (const Outbox::Read& r : out->reads) {
+      ops.push_back(
+          {.fd = r.fd, .offset = r.offset, .len = r.len, .buf = out->bytes.data() + r.at});
+    }
+    BatchPread(ops);
+    size_t good = out->size();
+    for (size_t i = 0; i < ops.size(); i++) {
+      if (ops[i].result != static_cast<int64_t>(ops[i].len)) {
+        good = out->reads[i].resp_at;
+        break;
+      }
+    }
+    out->reads.clear();
+    return good;
+  }
+
   // Garbage: say so once, then drop the connection (framing can no longer be trusted).
-  void BadFrame(int fd, std::string* out = nullptr) {
+  void BadFrame(int fd, Outbox* out = nullptr) {
     Count(&Stats::bad_frames);
     Response resp;
     resp.status = WireStatus::kBadRequest;
     std::string f = EncodeResponse(resp);
-    if (out != nullptr) f = *out + f;         // the answers before it first
+    if (out != nullptr) {  // the answers before it first
+      const size_t good = ReadBodies(out);
+      if (good < out->size()) f.clear();  // a short answer: the error cannot follow it
+      f = out->bytes.substr(0, good) + f;
+    }
     (void)WriteFull(fd, f.data(), f.size());  // best effort: the caller drops the connection
   }
 
@@ -308,7 +356,7 @@ class TcpServer final : public BlockServer {
   }
 
   // Answers one request: into `out` when its body is small (sent by Flush), else sent now.
-  bool ServeRequest(int fd, const Request& q, BlockWriter* writer, std::string* out) {
+  bool ServeRequest(int fd, const Request& q, BlockWriter* writer, Outbox* out) {
     Response resp;
     resp.request_id = q.request_id;
     Count(&Stats::requests);
@@ -338,12 +386,14 @@ class TcpServer final : public BlockServer {
         spdlog::warn("peer server: RDMA write failed: {}", std::string(st.message()));
         resp.status = WireStatus::kInternal;
         resp.length = 0;
-        std::string f = *out + EncodeResponse(resp);
-        (void)WriteFull(fd, f.data(), f.size());  // best effort: the connection ends here
+        (void)Flush(fd, out);  // best effort: the connection ends here
+        std::string f = EncodeResponse(resp);
+        (void)WriteFull(fd, f.data(), f.size());
         return false;
       }
     }
-    *out += EncodeResponse(resp);
+    const size_t resp_at = out->size();
+    out->bytes += EncodeResponse(resp);
     const bool ok = resp.status == WireStatus::kOk && resp.length > 0;
     if (ok && !via_rdma && resp.length > kGatherMax) {
       // A large body goes on its own, straight from memory or the cache file; the client sees
@@ -364,13 +414,12 @@ class TcpServer final : public BlockServer {
     if (ok && !via_rdma) {
       // A small body goes with the answers around it: one send for a batch of small files.
       const size_t at = out->size();
-      out->resize(at + resp.length);
+      out->bytes.resize(at + resp.length);
       if (block->data != nullptr) {
-        memcpy(out->data() + at, block->data + q.offset, resp.length);
-      } else if (!PreadFull(block->fd, block->offset + q.offset, resp.length, out->data() + at)) {
-        out->resize(at);
-        (void)Flush(fd, out);  // best effort: the client sees a short read and moves on
-        return false;
+        memcpy(out->bytes.data() + at, block->data + q.offset, resp.length);
+      } else {  // read with the others when the answers go (ReadBodies)
+        out->reads.push_back(
+            {block->fd, block->offset + q.offset, resp.length, at, resp_at, block->hold});
       }
     }
     if (ok) Count(&Stats::bytes, resp.length);

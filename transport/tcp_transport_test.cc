@@ -182,6 +182,30 @@ TEST_F(TcpTransportTest, FetchManyPipelinesRequestsEachWithItsOwnStatus) {
   EXPECT_EQ(two[1].status.code(), absl::StatusCode::kUnavailable);
 }
 
+// Small bodies in cache files are read together when their answers go: one that cannot be read
+// (its file is shorter than the block) ends the batch there: the answers before it arrive whole,
+// it and the pieces after it fail, no wrong bytes are taken, and the server goes on serving.
+TEST_F(TcpTransportTest, ABodyThatCannotBeReadFailsItAndWhatFollowsNothingBefore) {
+  for (uint64_t i = 0; i < 40; i++) {
+    const uint64_t off = i * 5003;
+    source_->Add({4, 1, i, 0}, off, 3000, BlockChecksum(data_.data() + off, 3000));
+  }
+  source_->Add({4, 1, 20, 0}, data_.size() - 1000, 3000, 42);  // runs past the file's end
+  auto client = NewTcpTransport(options_);
+  std::vector<std::string> bufs(40, std::string(3000, '\0'));
+  std::vector<FetchPiece> pieces(40);
+  for (uint64_t i = 0; i < 40; i++) {
+    pieces[i] = {.addr = {4, 1, i, 0}, .length = 3000, .buf = bufs[i].data()};
+  }
+  client->FetchMany(peer_, pieces);
+  for (uint64_t i = 0; i < 20; i++) {
+    ASSERT_TRUE(pieces[i].status.ok()) << i << ": " << pieces[i].status;
+    EXPECT_EQ(bufs[i], data_.substr(i * 5003, 3000)) << i;
+  }
+  for (uint64_t i = 20; i < 40; i++) EXPECT_FALSE(pieces[i].status.ok()) << i;
+  ExpectServerStillServes();
+}
+
 // A peer that answers a pipelined batch with garbage: the pieces not yet answered fail, nothing
 // hangs, and no bytes are taken for a block.
 TEST_F(TcpTransportTest, FetchManyFromAPeerSendingGarbageFailsCleanly) {
