@@ -2,6 +2,7 @@
 #include <execinfo.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +31,13 @@ int main(int argc, char** argv) {
   // global lock-order graph (a global lock per Lock). Lock order is checked at build time here
   // (`make tsa`) and the test binaries keep the runtime check; the agent does without it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // Open files up to the hard limit (the agent keeps cache files open and reads folders of
+  // small files a batch at a time; meta's RocksDB keeps its tables open): a soft limit of 1,024
+  // is a shell's default, not a choice.
+  if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
   CLI::App app{"Ember: a distributed data cache for training clusters"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ember 0.1.0");

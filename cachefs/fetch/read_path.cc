@@ -269,7 +269,12 @@ std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSm
   std::vector<FillSources::Fetched> got = sources_.FetchFromOrigin(lead);
   for (size_t k = 0; k < lead.size(); k++) {
     misses_++;
-    if (!Deliver(*lead[k].first, 0, fills[k], FillRoute::kPeersThenOrigin, std::move(got[k]))) {
+    // A neighbour read on a reader's behalf that failed was only a try, as a peer-only fill is:
+    // a reader that joined it reads the file itself (and meets the file's own error there), so
+    // a neighbour's trouble of the moment (no fd free, say) never reaches a reader of it.
+    const FillRoute route =
+        k == 0 || got[k].status.ok() ? FillRoute::kPeersThenOrigin : FillRoute::kPeersOnly;
+    if (!Deliver(*lead[k].first, 0, fills[k], route, std::move(got[k]))) {
       inflight_.End(lead[k].first->Block(0), fills[k]);
     }
   }

@@ -9,6 +9,7 @@
 #include <list>
 #include <map>
 #include <random>
+#include <set>
 #include <span>
 #include <thread>
 
@@ -32,6 +33,7 @@ class FakeOrigin : public origin::Origin {
   absl::Status Read(const origin::OriginFile& f, uint64_t offset, size_t len, char* buf) override {
     reads++;
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    if (fail_once.erase(f.path) > 0) return absl::UnavailableError("busy: " + f.path);
     auto it = files.find(f.path);
     if (it == files.end()) return absl::NotFoundError("gone: " + f.path);
     if (it->second.size() != f.size) return absl::FailedPreconditionError("changed: " + f.path);
@@ -40,6 +42,8 @@ class FakeOrigin : public origin::Origin {
   }
   std::vector<absl::Status> ReadMany(std::span<const ReadRequest> reqs) override {
     batches.push_back(reqs.size());
+    in_read_many++;
+    if (many_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(many_delay_ms));
     return Origin::ReadMany(reqs);
   }
   bool ReadsManyAtOnce(const std::string&) override { return many_at_once; }
@@ -48,6 +52,9 @@ class FakeOrigin : public origin::Origin {
   std::atomic<int> reads{0};
   int delay_ms = 0;
   std::vector<size_t> batches;  // requests per ReadMany
+  std::atomic<int> in_read_many{0};
+  int many_delay_ms = 0;
+  std::set<std::string> fail_once;  // paths whose next read fails (Unavailable)
 };
 
 // Meta's block directory in memory: checksums (first writer wins), one peer that may hold every
@@ -387,6 +394,21 @@ TEST_F(SmallFilesTest, AFileOfTheBatchThatFailsFailsAlone) {
     EXPECT_EQ(*got, origin_.files[small_[i].origin.path]) << i;
   }
   EXPECT_EQ(origin_.reads, reads);
+}
+
+// A neighbour that fails in a batch read on another reader's behalf was only a try: a reader of
+// it that joined the batch reads it itself, and gets its bytes when the failure was of the
+// moment.
+TEST_F(SmallFilesTest, AReaderWhoseFileFailedInAnothersBatchReadsItItself) {
+  origin_.fail_once.insert(small_[3].origin.path);
+  origin_.many_delay_ms = 300;
+  std::thread a([&] { EXPECT_TRUE(ReadSmall(0).ok()); });
+  ASSERT_TRUE(testing::WaitFor([&] { return origin_.in_read_many > 0; }));
+  auto got = ReadSmall(3);  // joins the batch's fill of file 3, which fails
+  a.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, origin_.files[small_[3].origin.path]);
+  EXPECT_EQ(origin_.batches.size(), 2u);  // file 3 again, with the files after it
 }
 
 // An origin that reads one file after another (S3, HTTP) is not asked for a batch: the file
