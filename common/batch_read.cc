@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -70,10 +72,19 @@ class ReadRing {
       const int r = ring_.Enter(ring_.Pending() > 0 ? 0 : static_cast<unsigned>(n - done));
       if (r > 0) taken += static_cast<size_t>(r);
       if (r < 0 && r != -EINTR) {
-        // Unusable: the reads it took are waited for once (they write into the caller's
-        // buffers), then the caller reads every op itself.
-        if (taken > done) ring_.Enter(static_cast<unsigned>(taken - done));
+        // Unusable: every read the kernel took is waited for (it writes into the caller's
+        // buffers, which may be freed or reused once we return), then the caller reads every
+        // op itself.
         ok_ = false;
+        while (done < taken) {
+          const int w = ring_.Wait(static_cast<unsigned>(taken - done));
+          if (w < 0 && w != -EINTR && w != -EAGAIN) {
+            std::fprintf(stderr, "io_uring: cannot wait for reads in flight: %s\n",
+                         std::strerror(-w));
+            std::abort();  // returning would let the kernel write into memory reused after
+          }
+          for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) done++;
+        }
         return false;
       }
       for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) {
@@ -128,6 +139,10 @@ void BatchPread(std::span<PreadOp> ops) {
   while (ring.ok() && at < ops.size()) {
     std::span<PreadOp> chunk = ops.subspan(at, std::min(ring.entries(), ops.size() - at));
     if (!ring.Read(chunk)) break;
+    // A kernel whose io_uring has no IORING_OP_READ (before 5.6) refuses each read: read those.
+    for (PreadOp& op : chunk) {
+      if (op.result == -EINVAL || op.result == -EOPNOTSUPP) FinishByPread(op, 0);
+    }
     at += chunk.size();
   }
   for (; at < ops.size(); at++) FinishByPread(ops[at], 0);

@@ -10,14 +10,20 @@
 
 namespace ember {
 
-IoRing::~IoRing() {
+IoRing::~IoRing() { Close(); }
+
+void IoRing::Close() {
   if (sqes_ != nullptr) munmap(sqes_, sqes_size_);
   if (cq_ptr_ != nullptr && cq_ptr_ != sq_ptr_) munmap(cq_ptr_, cq_size_);
   if (sq_ptr_ != nullptr) munmap(sq_ptr_, sq_size_);
   if (fd_ >= 0) close(fd_);
+  sqes_ = cq_ptr_ = sq_ptr_ = nullptr;
+  fd_ = -1;
+  sq_entries_ = 0;
 }
 
 bool IoRing::Init(unsigned entries, unsigned flags, unsigned cq_entries) {
+  Close();  // a second try after a failed one starts clean
   io_uring_params p;
   std::memset(&p, 0, sizeof(p));
   p.flags = flags | (cq_entries > 0 ? IORING_SETUP_CQSIZE : 0);
@@ -66,6 +72,11 @@ int IoRing::Enter(unsigned wait) {
   const long r = syscall(__NR_io_uring_enter, fd_, Pending(), wait,
                          wait > 0 ? IORING_ENTER_GETEVENTS : 0, nullptr, 0);
   return r < 0 ? -errno : static_cast<int>(r);
+}
+
+int IoRing::Wait(unsigned n) {
+  const long r = syscall(__NR_io_uring_enter, fd_, 0, n, IORING_ENTER_GETEVENTS, nullptr, 0);
+  return r < 0 ? -errno : 0;
 }
 
 }  // namespace ember

@@ -32,6 +32,8 @@ class IoRing {
   // Submits what is queued and waits for `wait` completions (0: submits only).
   // Returns: the entries taken, or -errno.
   int Enter(unsigned wait);
+  // Waits for `n` completions, submitting nothing. Returns: 0, or -errno.
+  int Wait(unsigned n);
   // The next completion, if there is one; Pop() consumes it.
   const io_uring_cqe* Peek() const {
     const unsigned head = *cq_head_;
@@ -41,6 +43,8 @@ class IoRing {
   void Pop() { __atomic_store_n(cq_head_, *cq_head_ + 1, __ATOMIC_RELEASE); }
 
  private:
+  void Close();
+
   int fd_ = -1;
   size_t sqe_size_ = sizeof(io_uring_sqe);
   unsigned sq_entries_ = 0;

@@ -272,11 +272,12 @@ std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSm
     // A neighbour read on a reader's behalf that failed was only a try, as a peer-only fill is:
     // a reader that joined it reads the file itself (and meets the file's own error there), so
     // a neighbour's trouble of the moment (no fd free, say) never reaches a reader of it.
-    const FillRoute route =
-        k == 0 || got[k].status.ok() ? FillRoute::kPeersThenOrigin : FillRoute::kPeersOnly;
-    if (!Deliver(*lead[k].first, 0, fills[k], route, std::move(got[k]))) {
-      inflight_.End(lead[k].first->Block(0), fills[k]);
-    }
+    // A failed fill leaves the table before its waiters wake: one that tries again leads a
+    // fill of its own instead of joining this one again.
+    const bool failed = !got[k].status.ok();
+    const FillRoute route = k == 0 || !failed ? FillRoute::kPeersThenOrigin : FillRoute::kPeersOnly;
+    if (failed) inflight_.End(lead[k].first->Block(0), fills[k]);
+    Deliver(*lead[k].first, 0, fills[k], route, std::move(got[k]));  // a failure: settled too
   }
   return fill;
 }
@@ -296,13 +297,18 @@ absl::StatusOr<ReadPath::Source> ReadPath::StartResident(
     const FileRef& file, uint64_t index, FillRoute route,
     const std::function<void(uint64_t)>& before_origin, std::shared_ptr<Fill>* unsettled) {
   unsettled->reset();
-  if (cache_->Resident(file.Block(index))) return Source::kResident;
-  std::shared_ptr<Fill> fill = FillOnce(file, index, route, &before_origin);
-  Fill::Result r = fill->WaitDone();
-  if (!r.status.ok()) return r.status;
-  if (r.already) return Source::kResident;
-  *unsettled = std::move(fill);
-  return r.from_peer ? Source::kPeer : Source::kOrigin;
+  for (int attempt = 0;; attempt++) {
+    if (cache_->Resident(file.Block(index))) return Source::kResident;
+    std::shared_ptr<Fill> fill = FillOnce(file, index, route, &before_origin);
+    Fill::Result r = fill->WaitDone();
+    // Joined a fill that was only a try (peer-only, or a neighbour in a reader's folder batch)
+    // and failed: this one may read the origin, so it fills the block itself.
+    if (!r.status.ok() && r.peer_only && AllowsOrigin(route) && attempt < 4) continue;
+    if (!r.status.ok()) return r.status;
+    if (r.already) return Source::kResident;
+    *unsettled = std::move(fill);
+    return r.from_peer ? Source::kPeer : Source::kOrigin;
+  }
 }
 
 std::vector<ReadPath::Started> ReadPath::StartFromPeers(

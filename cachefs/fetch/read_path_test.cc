@@ -411,6 +411,20 @@ TEST_F(SmallFilesTest, AReaderWhoseFileFailedInAnothersBatchReadsItItself) {
   EXPECT_EQ(origin_.batches.size(), 2u);  // file 3 again, with the files after it
 }
 
+// The same for a prefetch (MakeResident) that joins such a neighbour's fill: it fills the block
+// itself instead of reporting the neighbour's failure as the file's.
+TEST_F(SmallFilesTest, APrefetchThatJoinedAFailedNeighbourFillsItItself) {
+  origin_.fail_once.insert(small_[3].origin.path);
+  origin_.many_delay_ms = 300;
+  std::thread a([&] { EXPECT_TRUE(ReadSmall(0).ok()); });
+  ASSERT_TRUE(testing::WaitFor([&] { return origin_.in_read_many > 0; }));
+  auto src = read_path_->MakeResident(small_[3], 0, FillRoute::kPeersThenOrigin, {});
+  a.join();
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(*src, ReadPath::Source::kOrigin);
+  EXPECT_TRUE(cache_->Resident(small_[3].Block(0)));
+}
+
 // An origin that reads one file after another (S3, HTTP) is not asked for a batch: the file
 // asked for would wait for all of them.
 TEST_F(SmallFilesTest, AnOriginThatReadsOneAfterAnotherGetsNoBatch) {
