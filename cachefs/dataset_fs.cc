@@ -197,13 +197,12 @@ absl::StatusOr<ReadResult> DatasetFs::Read(uint64_t ino, FileHandle* handle, uin
     rebuilt = read_path_->OpenStream(MakeFileRef(*r->first, file_id));
     stream = rebuilt.get();
   }
-  // A small file: on a miss, the next small files of its folder come from the origin with it.
+  // A small file (ReadPath::Batchable): on a miss, the next small files of its folder come from
+  // the origin with it.
   const ReadPath::NextSmallFiles next = [this, ino](size_t max) {
     return NextSmallFiles(ino, max);
   };
-  auto r = read_path_->Read(
-      *stream, offset, size, buf,
-      stream->file().origin.size <= ReadPath::kSmallBatchFileMax ? &next : nullptr);
+  auto r = read_path_->Read(*stream, offset, size, buf, &next);
   // Whatever kept the bytes from us (origin gone, changed, unreachable), the reader sees EIO;
   // the agent's log names the file and the reason.
   if (!r.ok()) return ErrnoStatus(EIO, std::string(r.status().message()));
@@ -226,8 +225,7 @@ std::vector<FileRef> DatasetFs::NextSmallFiles(uint64_t ino, size_t max) {
   auto it = std::upper_bound(dir->children.begin(), dir->children.end(), file_id);
   for (; it != dir->children.end() && out.size() < max; ++it) {
     const std::optional<FsNode> n = view.Get(*it);
-    if (!n || n->type != rpc::FileEntry::FILE || n->size == 0 ||
-        n->size > std::min<uint64_t>(view.block_size, ReadPath::kSmallBatchFileMax)) {
+    if (!n || n->type != rpc::FileEntry::FILE || !ReadPath::Batchable(n->size, view.block_size)) {
       continue;
     }
     out.push_back(MakeFileRef(view, *it));

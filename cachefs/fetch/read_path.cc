@@ -148,8 +148,7 @@ absl::StatusOr<ReadPath::BlockBytes> ReadPath::GetBlock(const FileRef& file, uin
       return BlockBytes{std::move(hold), nullptr, filled};
     }
     filled = true;
-    const bool small =
-        next != nullptr && *next && file.Blocks() == 1 && file.origin.size <= kSmallBatchFileMax;
+    const bool small = next != nullptr && *next && Batchable(file);
     Fill::Result fill = (small ? FillSmallFiles(file, *next)
                                : FillOnce(file, index, FillRoute::kPeersThenOrigin, nullptr))
                             ->WaitDone();
@@ -218,15 +217,22 @@ std::shared_ptr<Fill> ReadPath::FillOnce(const FileRef& file, uint64_t index, Fi
   const BlockAddr addr = file.Block(index);
   auto [fill, leader] = inflight_.Join(addr);
   if (!leader) return fill;  // the caller waits for it to be done
-  if (cache_->Resident(addr) || recent_.Get(addr) != nullptr) {
-    // A fill that ended between the caller's look at the cache and here: nothing to fetch.
-    fill->Finish({.already = true});
-    fill->Settle(false);
-  } else if (FillBlock(file, index, fill, route, before_origin)) {
+  if (EndIfThere(addr, fill)) return fill;
+  if (FillBlock(file, index, fill, route, before_origin)) {
     return fill;  // write-behind stores the block and ends the fill
   }
   inflight_.End(addr, fill);
   return fill;
+}
+
+bool ReadPath::EndIfThere(const BlockAddr& addr, const std::shared_ptr<Fill>& fill) {
+  uint64_t checksum = 0;
+  if (!cache_->Resident(addr) && recent_.Peek(addr, &checksum) == nullptr) return false;
+  // A fill that ended between the caller's look at the cache and the Join: nothing to fetch.
+  fill->Finish({.already = true});
+  fill->Settle(false);
+  inflight_.End(addr, fill);
+  return true;
 }
 
 std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSmallFiles& next) {
@@ -237,31 +243,18 @@ std::shared_ptr<Fill> ReadPath::FillSmallFiles(const FileRef& file, const NextSm
     return FillOnce(file, 0, FillRoute::kPeersThenOrigin, nullptr);
   }
   auto [fill, leader] = inflight_.Join(addr);
-  if (!leader) return fill;
-  if (cache_->Resident(addr) || recent_.Get(addr) != nullptr) {
-    fill->Finish({.already = true});
-    fill->Settle(false);
-    inflight_.End(addr, fill);
-    return fill;
-  }
+  if (!leader || EndIfThere(addr, fill)) return fill;
   // This call leads the fills of the next small files that are neither cached nor in flight.
   const std::vector<FileRef> more = next(kSmallBatch - 1);
   std::vector<std::pair<const FileRef*, uint64_t>> lead{{&file, 0}};
   std::vector<std::shared_ptr<Fill>> fills{fill};
-  uint64_t checksum = 0;
   uint64_t bytes = file.origin.size;
   for (const FileRef& f : more) {
     const BlockAddr a = f.Block(0);
-    if (f.Blocks() != 1 || f.origin.size > kSmallBatchFileMax || cache_->Resident(a)) continue;
+    if (!Batchable(f) || cache_->Resident(a)) continue;
     if (bytes + f.origin.size > kSmallBatchBytes) break;
     auto [g, leads] = inflight_.Join(a);
-    if (!leads) continue;  // someone else's fill
-    if (cache_->Resident(a) || recent_.Peek(a, &checksum) != nullptr) {
-      g->Finish({.already = true});
-      g->Settle(false);
-      inflight_.End(a, g);
-      continue;
-    }
+    if (!leads || EndIfThere(a, g)) continue;  // someone else's fill, or there already
     lead.emplace_back(&f, 0);
     fills.push_back(std::move(g));
     bytes += f.origin.size;
@@ -325,13 +318,7 @@ std::vector<ReadPath::Started> ReadPath::StartFromPeers(
     }
     auto [fill, leader] = inflight_.Join(addr);
     fills[i] = fill;
-    if (!leader) continue;  // someone else's fill: waited for below
-    if (recent_.Get(addr) != nullptr) {
-      fill->Finish({.already = true});
-      fill->Settle(false);
-      inflight_.End(addr, fill);
-      continue;
-    }
+    if (!leader || EndIfThere(addr, fill)) continue;  // someone else's fill: waited for below
     lead.push_back(blocks[i]);
     lead_at.push_back(i);
   }

@@ -91,6 +91,11 @@ class ReadPath {
   static constexpr size_t kSmallBatch = 32;
   static constexpr uint64_t kSmallBatchFileMax = 256 << 10;
   static constexpr uint64_t kSmallBatchBytes = 8 << 20;
+  // Whether a file of `size` bytes in blocks of `block_size` goes into such batches.
+  static bool Batchable(uint64_t size, uint64_t block_size) {
+    return size > 0 && size <= block_size && size <= kSmallBatchFileMax;
+  }
+  static bool Batchable(const FileRef& f) { return Batchable(f.origin.size, f.block_size); }
 
   // Reads [offset, offset+size) for an open file, reading ahead of a sequential reader. `buf`:
   // room for `size` bytes, where cached bytes go (null: the result owns a buffer). `next`
@@ -178,6 +183,9 @@ class ReadPath {
   // FillOnce of a small file's only block, leading the fills of the next small files too and
   // reading all from the origin in one batch. Peers first as FillOnce when one may hold it.
   std::shared_ptr<Fill> FillSmallFiles(const FileRef& file, const NextSmallFiles& next);
+  // As the leader of `fill`, just joined: when the block is resident or in memory already (a
+  // fill ended since the caller looked), finishes, settles and ends it. Returns: whether it did.
+  bool EndIfThere(const BlockAddr& addr, const std::shared_ptr<Fill>& fill);
   // Single-flight: joins the fill in flight for the block, or leads one. Returns: the fill,
   // done (its bytes or error handed out; maybe not yet settled).
   std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, FillRoute route,
