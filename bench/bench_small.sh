@@ -17,7 +17,9 @@
 #             bytes at once in 4 MiB writes (taken right before, same disk state), and against
 #             the least CPU work any prefetch does first: every origin file opened, read and
 #             closed once (2 threads, page cache); origin bytes read / dataset bytes (the
-#             origin-once guarantee);
+#             origin-once guarantee); and against prefetch_floor, the same bytes moved with nothing
+#             of Ember in it (each origin file read once by one of 3 threads, sent over loopback
+#             TCP to the 2 others, all 3 appending with O_DIRECT: no checksum, index or meta);
 #   memory    RSS of each agent and of meta after the prefetch, per file;
 #   find      `find` over node a's mount against `find` over the tree (second run of each);
 #   warm      every file read through node a's mount by 4 readers (`xargs -P4 cat`), against the
@@ -112,6 +114,11 @@ for set in $SETS; do
   find "$DATA" -type f > "$WORK/files.list"
   t_orig=$(awk -v f="$FILES" -v r="$("$B/read_bench" small "$WORK/files.list" 2 0 keep)" \
     'BEGIN { printf "%.2f", f / r }')
+  # The same work with nothing of Ember in it: each origin file read once by one of 3 "nodes",
+  # packed into 2 MiB buffers, appended with O_DIRECT and sent over loopback TCP to the 2 others,
+  # which append it too (prefetch_floor: no checksums, index, locations or claims).
+  say "$set: the same bytes moved with no bookkeeping"
+  t_floor=$(cd / && "$B/prefetch_floor" "$WORK/files.list" 3 "$WORK")
   say "$set: prefetch to 3 nodes"
   t0=$(now)
   "$B/ember" prefetch "$set" --all --mode full > "$WORK/prefetch.out" 2>&1
@@ -126,10 +133,12 @@ for set in $SETS; do
   echo "| $set | prefetch to 3 nodes (s) | $t_pf | $t_ceil (3 O_DIRECT appenders) | $(ratio "$t_pf" "$t_ceil") |"
   echo "| $set | prefetch to 3 nodes, until synced (s) | $t_pfs | $t_ceil | $(ratio "$t_pfs" "$t_ceil") |"
   echo "| $set | prefetch to 3 nodes vs the origin's files read once (s) | $t_pf | $t_orig (open, read, close each, 2 threads, page cache) | $(ratio "$t_pf" "$t_orig") |"
+  echo "| $set | prefetch to 3 nodes vs the same bytes moved with no bookkeeping (s) | $t_pf | $t_floor (prefetch_floor: read once, sent to 2, 3 O_DIRECT appenders) | $(ratio "$t_pf" "$t_floor") |"
   echo "| $set | origin bytes / dataset bytes | $(ratio "$origin" "$BYTES") | 1.00 | |"
   json "$set" prefetch "$t_pf" "$t_ceil" s
   json "$set" prefetch-synced "$t_pfs" "$t_ceil" s
   json "$set" prefetch-origin-floor "$t_pf" "$t_orig" s
+  json "$set" prefetch-no-bookkeeping "$t_pf" "$t_floor" s
   json "$set" origin-bytes "$origin" "$BYTES" bytes
 
   # ---- memory per file ----
