@@ -54,7 +54,8 @@ class ReadRing {
       if (!Wait(ops, open.size())) return false;
       std::erase_if(open, [&](size_t i) {
         const int64_t r = ops[i].result;
-        return r < 0 || static_cast<size_t>(r) >= ops[i].len || last_[i] == 0;
+        return r < 0 || static_cast<size_t>(r) >= ops[i].len || last_[i] == 0 ||
+               (ops[i].enough > 0 && static_cast<size_t>(r) >= ops[i].enough);
       });
     }
     return true;
@@ -116,7 +117,7 @@ ReadRing& ThreadRing() {
 
 // Finishes op from `got` bytes on with preads: until len, EOF or an error.
 void FinishByPread(PreadOp& op, size_t got) {
-  while (got < op.len) {
+  while (got < op.len && (op.enough == 0 || got < op.enough)) {
     const ssize_t n = pread(op.fd, op.buf + got, op.len - got, static_cast<off_t>(op.offset + got));
     if (n < 0) {
       if (errno == EINTR) continue;

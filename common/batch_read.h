@@ -19,6 +19,9 @@ struct PreadOp {
   uint64_t offset = 0;
   size_t len = 0;
   char* buf = nullptr;
+  // When not 0: the read is done once it has this many bytes (an O_DIRECT read of a file's end
+  // asks for whole pages, len rounded up, and gets the file's bytes: no read after them).
+  size_t enough = 0;
   // Out: bytes read (== len unless the file ended first), or -errno.
   int64_t result = 0;
 };

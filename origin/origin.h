@@ -86,7 +86,16 @@ class Origin {
     uint64_t offset = 0;
     size_t len = 0;
     char* buf = nullptr;
+    // Bytes buf can take (0: len). A read of a file's end of kDirectReadMin bytes or more into
+    // a 4 KiB-aligned buf with room for len rounded up to 4 KiB may be an O_DIRECT read of whole
+    // pages (the POSIX origin, for a file not in the page cache: a cache fill reads the origin
+    // once, so its pages would be one more copy of the bytes to make, and memory taken from the
+    // page cache's other files).
+    size_t room = 0;
   };
+  // Below this the copy saved is worth less than the disk request of its own each O_DIRECT read
+  // makes (and a tiny buffer would be page-aligned for it).
+  static constexpr size_t kDirectReadMin = 32u << 10;
   // Many reads at once, each as Read (a cold folder of small files: the POSIX origin issues
   // them together, docs/architecture.md; others read one after another, so the first waits for
   // all: ask ReadsManyAtOnce first). Returns: per request, what Read would.

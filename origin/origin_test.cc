@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "common/status.h"
 #include "origin/internal.h"
 #include "tests/testing/testing.h"
@@ -268,6 +270,90 @@ TEST(PosixOriginTest, ReadsAndRefusesChangedMissingOrEscapingFiles) {
     EXPECT_EQ(posix->Read(f, 990, 10, buf.data()).code(), absl::StatusCode::kFailedPrecondition)
         << f.root;
   }
+}
+
+// A cache fill's read of a whole file that is not in the page cache goes around it (O_DIRECT
+// into the fill's buffer: the bytes are not copied out of new page-cache pages, and the origin's
+// pages do not crowd the page cache); every byte is the file's, up to an end that is not on a page
+// boundary. A file in the page cache, or a buffer without room for whole pages, is read through
+// it.
+TEST(PosixOriginTest, ReadManyReadsAFileNotInThePageCacheAroundIt) {
+  TempDir d;
+  std::filesystem::create_directories(d.Sub("o"));
+  struct Case {
+    size_t size;
+    bool room;  // the buffer has room for whole pages
+  };
+  const std::vector<Case> cases = {{100'003, true}, {64 << 10, true}, {40'000, false}, {5'000, true}};
+  std::vector<OriginFile> files;
+  std::vector<std::string> bodies;
+  for (size_t i = 0; i < cases.size(); i++) {
+    std::string body(cases[i].size, '\0');
+    for (size_t j = 0; j < body.size(); j++) body[j] = static_cast<char>((j * 131 + i * 7) % 251);
+    bodies.push_back(body);
+    const std::string rel = absl::StrCat("f", i);
+    WriteFile(d.Sub("o/" + rel), body);
+    struct stat st;
+    ASSERT_EQ(stat(d.Sub("o/" + rel).c_str(), &st), 0);
+    files.push_back({d.Sub("o"), rel, body.size(),
+                     static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                     ""});
+  }
+  // Out of the page cache (written back first), and whether this file system can tell and
+  // takes O_DIRECT at all (tmpfs: neither; then only the bytes are checked).
+  auto drop = [&](size_t i) {
+    int fd = open(d.Sub("o/" + files[i].path).c_str(), O_RDONLY);
+    EXPECT_GE(fd, 0);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    const bool dropped = !PagesCached(fd, 0, files[i].size).value_or(true);
+    close(fd);
+    return dropped;
+  };
+  auto cached = [&](size_t i) {
+    int fd = open(d.Sub("o/" + files[i].path).c_str(), O_RDONLY);
+    const std::optional<bool> c = PagesCached(fd, 0, files[i].size);
+    close(fd);
+    return c.value_or(true);
+  };
+  int probe = open(d.Sub("o/f0").c_str(), O_RDONLY | O_DIRECT);
+  const bool direct_ok = probe >= 0;
+  if (probe >= 0) close(probe);
+  std::vector<bool> dropped;
+  for (size_t i = 0; i < files.size(); i++) dropped.push_back(drop(i) && direct_ok);
+  // f1 read once through the page cache first: it is warm, and read from there.
+  {
+    std::string warm(files[1].size, '\0');
+    int fd = open(d.Sub("o/f1").c_str(), O_RDONLY);
+    ASSERT_EQ(pread(fd, warm.data(), warm.size(), 0), static_cast<ssize_t>(warm.size()));
+    close(fd);
+  }
+  auto origin = NewPosixOrigin();
+  std::vector<char*> bufs;
+  std::vector<Origin::ReadRequest> reqs;
+  for (size_t i = 0; i < files.size(); i++) {
+    const size_t room = cases[i].room ? (files[i].size + 4095) / 4096 * 4096 : files[i].size;
+    void* p = nullptr;
+    ASSERT_EQ(posix_memalign(&p, 4096, room), 0);
+    bufs.push_back(static_cast<char*>(p));
+    reqs.push_back({&files[i], 0, files[i].size, bufs.back(), room});
+  }
+  std::vector<absl::Status> got = origin->ReadMany(reqs);
+  for (size_t i = 0; i < files.size(); i++) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i];
+    EXPECT_EQ(std::string(bufs[i], files[i].size), bodies[i]) << i;
+  }
+  if (dropped[0]) {
+    EXPECT_FALSE(cached(0)) << "a cold file with room for whole pages went through the page cache";
+  }
+  EXPECT_TRUE(cached(1));  // was warm: read from there
+  if (dropped[2]) {
+    EXPECT_TRUE(cached(2)) << "no room for whole pages: read through the page cache";
+  }
+  if (dropped[3]) {
+    EXPECT_TRUE(cached(3)) << "below kDirectReadMin: read through the page cache";
+  }
+  for (char* b : bufs) free(b);
 }
 
 // Many reads at once (more than one submission holds): each file's bytes land in its own buffer,

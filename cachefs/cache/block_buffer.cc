@@ -1,5 +1,6 @@
 #include "cachefs/cache/block_buffer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -33,7 +34,8 @@ size_t Capacity(size_t size) {
 
 }  // namespace
 
-BlockBuffer::BlockBuffer(size_t size) : size_(size), capacity_(Capacity(size)) {
+BlockBuffer::BlockBuffer(size_t size, size_t room)
+    : size_(size), capacity_(Capacity(std::max(size, room))) {
   if (capacity_ >= kPoolMin) {
     Pool& pool = GetPool();
     absl::MutexLock lock(&pool.mu);

@@ -18,7 +18,9 @@ class BlockBuffer {
  public:
   static constexpr size_t kAlign = 4096;
 
-  explicit BlockBuffer(size_t size);
+  explicit BlockBuffer(size_t size) : BlockBuffer(size, size) {}
+  // Room for `room` bytes (at least `size`): an O_DIRECT read into it may write whole pages.
+  BlockBuffer(size_t size, size_t room);
   ~BlockBuffer();
   BlockBuffer(const BlockBuffer&) = delete;
   BlockBuffer& operator=(const BlockBuffer&) = delete;
@@ -26,6 +28,7 @@ class BlockBuffer {
   char* data() { return data_; }
   const char* data() const { return data_; }
   size_t size() const { return size_; }
+  size_t room() const { return capacity_; }
   std::string_view view() const { return {data_, size_}; }
 
  private:

@@ -123,8 +123,12 @@ std::vector<FillSources::Fetched> FillSources::FetchFromOrigin(
   for (size_t i = 0; i < blocks.size(); i++) {
     const auto& [file, index] = blocks[i];
     const size_t len = static_cast<size_t>(file->BlockLength(index));
-    out[i].data = std::make_shared<BlockBuffer>(len);
-    reqs[i] = {&file->origin, index * file->block_size, len, out[i].data->data()};
+    // Room for whole pages: the origin may read a file's end around the page cache.
+    const size_t room =
+        len >= origin::Origin::kDirectReadMin ? (len + 4095) / 4096 * 4096 : len;
+    out[i].data = std::make_shared<BlockBuffer>(len, room);
+    reqs[i] = {&file->origin, index * file->block_size, len, out[i].data->data(),
+               out[i].data->room()};
   }
   const auto start = std::chrono::steady_clock::now();
   std::vector<absl::Status> got = origin_->ReadMany(reqs);
