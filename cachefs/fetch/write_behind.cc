@@ -148,6 +148,11 @@ void WriteBehind::StoreAll(std::vector<Write>& ws) {
     const Write& w = ws[i];
     if (conflict[i]) {
       recent_->Erase(w.addr);
+      // Settled and ended before the others are stored (and before the log says so): a read
+      // from now on leads a fill of its own, which fails, instead of joining this one for the
+      // origin's bytes while a batch's other files are written.
+      w.fill->Settle(true);
+      inflight_->End(w.addr, w.fill);
       spdlog::error(
           "read: {}: the origin's bytes differ from those first read for this dataset version "
           "(the origin changed in place); not cached, later reads fail; run `ember dataset "
@@ -169,7 +174,8 @@ void WriteBehind::StoreAll(std::vector<Write>& ws) {
     }
   }
   for (size_t i = 0; i < ws.size(); i++) {
-    ws[i].fill->Settle(conflict[i]);
+    if (conflict[i]) continue;  // ended above
+    ws[i].fill->Settle(false);
     inflight_->End(ws[i].addr, ws[i].fill);
   }
 }
