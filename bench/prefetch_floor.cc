@@ -11,13 +11,12 @@
 // the same way. Nothing is checked, indexed, located or recorded; one reader thread per node.
 // Prints the seconds until every node's writes have returned (the appenders' measure: O_DIRECT,
 // no sync), then, on stderr, the CPU-seconds the process took.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <arpa/inet.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -243,10 +242,10 @@ int main(int argc, char** argv) {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("%.2f\n", secs);
-  std::fprintf(stderr, "prefetch_floor: %zu files to %d nodes in %.2f s, %.1f CPU-s\n",
-               paths.size(), n, secs,
-               ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-                   (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
+  std::fprintf(
+      stderr, "prefetch_floor: %zu files to %d nodes in %.2f s, %.1f CPU-s\n", paths.size(), n,
+      secs,
+      ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
   for (int k = 0; k < n; k++) unlink((dir + "/floor." + std::to_string(k)).c_str());
   return 0;
 }

@@ -2,9 +2,9 @@
 // router and URI checks. Remote origins against real servers are in tests/origins_test.cc.
 #include "origin/origin.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -284,7 +284,8 @@ TEST(PosixOriginTest, ReadManyReadsAFileNotInThePageCacheAroundIt) {
     size_t size;
     bool room;  // the buffer has room for whole pages
   };
-  const std::vector<Case> cases = {{100'003, true}, {64 << 10, true}, {40'000, false}, {5'000, true}};
+  const std::vector<Case> cases = {
+      {100'003, true}, {64 << 10, true}, {40'000, false}, {5'000, true}};
   std::vector<OriginFile> files;
   std::vector<std::string> bodies;
   for (size_t i = 0; i < cases.size(); i++) {

@@ -236,11 +236,10 @@ class PosixOrigin final : public Origin {
         if (ops[k].result != static_cast<int64_t>(r.len)) {
           const int flags = fcntl(ops[k].fd, F_GETFL);
           const std::string full = absl::StrCat(file.root, "/", file.path);
-          out[op_of[k]] =
-              flags >= 0 && fcntl(ops[k].fd, F_SETFL, flags & ~O_DIRECT) == 0
-                  ? ReadFd(ops[k].fd, full, r.offset, r.len, r.buf)
-                  : absl::UnavailableError(absl::StrCat("origin file ", full, ": ",
-                                                        strerror(errno)));
+          out[op_of[k]] = flags >= 0 && fcntl(ops[k].fd, F_SETFL, flags & ~O_DIRECT) == 0
+                              ? ReadFd(ops[k].fd, full, r.offset, r.len, r.buf)
+                              : absl::UnavailableError(
+                                    absl::StrCat("origin file ", full, ": ", strerror(errno)));
         }
         close(ops[k].fd);
         continue;
