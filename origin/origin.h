@@ -96,6 +96,11 @@ class Origin {
   // Below this the copy saved is worth less than the disk request of its own each O_DIRECT read
   // makes (and a tiny buffer would be page-aligned for it).
   static constexpr size_t kDirectReadMin = 32u << 10;
+  // The room a buffer for a read of `len` bytes needs for it to be read that way: len rounded up
+  // to 4 KiB from kDirectReadMin on, else len.
+  static constexpr size_t DirectReadRoom(size_t len) {
+    return len >= kDirectReadMin ? (len + 4095) / 4096 * 4096 : len;
+  }
   // Many reads at once, each as Read (a cold folder of small files: the POSIX origin issues
   // them together, docs/architecture.md; others read one after another, so the first waits for
   // all: ask ReadsManyAtOnce first). Returns: per request, what Read would.

@@ -222,7 +222,7 @@ class PosixOrigin final : public Origin {
       op_of.push_back(i);
       direct.push_back(TryDirect(r, *fd));
       if (direct.back()) {
-        ops.back().len = RoundUp(r.len);
+        ops.back().len = DirectReadRoom(r.len);
         ops.back().enough = r.len;
       }
     }
@@ -258,14 +258,13 @@ class PosixOrigin final : public Origin {
 
  private:
   static constexpr size_t kPage = 4096;
-  static size_t RoundUp(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
   // Whether r is read with O_DIRECT (then set on fd): a read to the file's end, page-aligned,
   // into a buffer with room for whole pages, of a file not all in the page cache (a warm origin
   // is read from memory), on a file system that takes O_DIRECT.
   static bool TryDirect(const ReadRequest& r, int fd) {
     if (r.len < kDirectReadMin || r.offset % kPage != 0 || r.offset + r.len != r.file->size ||
-        reinterpret_cast<uintptr_t>(r.buf) % kPage != 0 || r.room < RoundUp(r.len)) {
+        reinterpret_cast<uintptr_t>(r.buf) % kPage != 0 || r.room < DirectReadRoom(r.len)) {
       return false;
     }
     if (PagesCached(fd, r.offset, r.len).value_or(true)) return false;

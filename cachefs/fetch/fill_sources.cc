@@ -124,8 +124,7 @@ std::vector<FillSources::Fetched> FillSources::FetchFromOrigin(
     const auto& [file, index] = blocks[i];
     const size_t len = static_cast<size_t>(file->BlockLength(index));
     // Room for whole pages: the origin may read a file's end around the page cache.
-    const size_t room = len >= origin::Origin::kDirectReadMin ? (len + 4095) / 4096 * 4096 : len;
-    out[i].data = std::make_shared<BlockBuffer>(len, room);
+    out[i].data = std::make_shared<BlockBuffer>(len, origin::Origin::DirectReadRoom(len));
     reqs[i] = {&file->origin, index * file->block_size, len, out[i].data->data(),
                out[i].data->room()};
   }
