@@ -239,6 +239,13 @@ void PrefetchRunner::Run(Running* r) {
   }
   RateLimiter limiter(spec.origin_rate() / std::max(1, n));
   auto before_origin = [&](uint64_t bytes) { limiter.Acquire(bytes); };
+  // Own small blocks read from the origin in one batch: at most this many bytes, under a rate
+  // limit an eighth of a second's worth (the others wait for an owner that delivers steadily;
+  // one that goes quiet for the owner grace is taken for dead).
+  const uint64_t origin_batch_bytes =
+      spec.origin_rate() == 0
+          ? ReadPath::kSmallBatchBytes
+          : std::min<uint64_t>(ReadPath::kSmallBatchBytes, spec.origin_rate() / std::max(1, n) / 8);
 
   // By the plan's file number (Block::file): a tiny-file dataset has hundreds of thousands.
   std::vector<FileRef> refs;
@@ -260,8 +267,9 @@ void PrefetchRunner::Run(Running* r) {
   struct Item {
     Block block;
     FillRoute route = FillRoute::kPeersOnly;
-    int rewaits = 0;  // times a located peer did not have it
-    int skips = 0;    // polls that found its owner's later blocks but not this one
+    int rewaits = 0;      // times a located peer did not have it
+    int skips = 0;        // polls that found its owner's later blocks but not this one
+    bool unheld = false;  // own, and meta located it at no peer: straight from the origin
   };
   // Guards the queues, `left`, progress and left_in_file while the workers run. Lock order:
   // mu -> the cache's (SetPin of a block just made resident).
@@ -393,6 +401,19 @@ void PrefetchRunner::Run(Running* r) {
           } else {
             item = own.front();
             own.pop_front();
+            // Own small blocks no peer holds go to the origin many at a time (one batch of
+            // reads, ReadPath::StartFromOrigin), as a reader's folder batch does.
+            if (item.unheld && ReadPath::Batchable(refs[item.block.file])) {
+              uint64_t bytes = refs[item.block.file].origin.size;
+              batch.push_back(item);
+              while (!own.empty() && batch.size() < ReadPath::kSmallBatch && own.front().unheld &&
+                     ReadPath::Batchable(refs[own.front().block.file]) &&
+                     bytes + refs[own.front().block.file].origin.size <= origin_batch_bytes) {
+                bytes += refs[own.front().block.file].origin.size;
+                batch.push_back(own.front());
+                own.pop_front();
+              }
+            }
           }
         }
       }
@@ -403,7 +424,9 @@ void PrefetchRunner::Run(Running* r) {
       if (!batch.empty()) {
         std::vector<std::pair<const FileRef*, uint64_t>> blocks;
         for (const Item& it : batch) blocks.push_back({&refs[it.block.file], it.block.index});
-        std::vector<ReadPath::Started> started = read_path_->StartFromPeers(blocks);
+        std::vector<ReadPath::Started> started =
+            batch.front().unheld ? read_path_->StartFromOrigin(blocks, before_origin)
+                                 : read_path_->StartFromPeers(blocks);
         for (size_t i = 0; i < batch.size(); i++) {
           started_one(pending, batch[i], std::move(started[i].src), std::move(started[i].fill));
         }
@@ -456,8 +479,10 @@ void PrefetchRunner::Run(Running* r) {
     absl::MutexLock lock(&mu);
     for (size_t i = own_at; i < end; i++) {
       // Meta unreachable: each fill asks for itself (and reads the origin if it must).
-      own.push_back({mine_own[i],
-                     held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin});
+      own.push_back(
+          {.block = mine_own[i],
+           .route = held.ok() ? FillRoute::kKnownPeersThenOrigin : FillRoute::kPeersThenOrigin,
+           .unheld = held.ok() && !(*held)[i - own_at]});
     }
     own_at = end;
     cv.SignalAll();

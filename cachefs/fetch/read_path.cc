@@ -354,6 +354,64 @@ std::vector<ReadPath::Started> ReadPath::StartFromPeers(
   return out;
 }
 
+std::vector<ReadPath::Started> ReadPath::StartFromOrigin(
+    const std::vector<std::pair<const FileRef*, uint64_t>>& blocks,
+    const std::function<void(uint64_t bytes)>& before_origin) {
+  std::vector<Started> out(blocks.size());
+  auto one_by_one = [&](size_t i) {
+    out[i].src = StartResident(*blocks[i].first, blocks[i].second, FillRoute::kKnownPeersThenOrigin,
+                               before_origin, &out[i].fill);
+  };
+  if (blocks.empty() || !sources_.OriginReadsManyAtOnce(*blocks.front().first)) {
+    for (size_t i = 0; i < blocks.size(); i++) one_by_one(i);
+    return out;
+  }
+  std::vector<std::shared_ptr<Fill>> fills(blocks.size());
+  std::vector<std::pair<const FileRef*, uint64_t>> lead;  // the fills this call leads
+  std::vector<size_t> lead_at;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < blocks.size(); i++) {
+    const auto& [file, index] = blocks[i];
+    const BlockAddr addr = file->Block(index);
+    if (cache_->Resident(addr)) {
+      out[i].src = Source::kResident;
+      continue;
+    }
+    auto [fill, leader] = inflight_.Join(addr);
+    fills[i] = fill;
+    if (!leader || EndIfThere(addr, fill)) continue;  // someone else's fill: waited for below
+    lead.push_back(blocks[i]);
+    lead_at.push_back(i);
+    bytes += file->BlockLength(index);
+  }
+  if (!lead.empty() && before_origin) before_origin(bytes);  // rate limit
+  std::vector<FillSources::Fetched> got = sources_.FetchFromOrigin(lead);
+  for (size_t k = 0; k < lead.size(); k++) {
+    misses_++;
+    const std::shared_ptr<Fill>& fill = fills[lead_at[k]];
+    // A failure is settled by Deliver and leaves the table here, as FillOnce's.
+    if (!Deliver(*lead[k].first, lead[k].second, fill, FillRoute::kKnownPeersThenOrigin,
+                 std::move(got[k]))) {
+      inflight_.End(lead[k].first->Block(lead[k].second), fill);
+    }
+  }
+  for (size_t i = 0; i < blocks.size(); i++) {
+    if (fills[i] == nullptr) continue;
+    Fill::Result r = fills[i]->WaitDone();
+    if (!r.status.ok() && r.peer_only) {
+      one_by_one(i);  // joined someone's peer-only try, which failed: this one reads the origin
+    } else if (!r.status.ok()) {
+      out[i].src = r.status;
+    } else if (r.already) {
+      out[i].src = Source::kResident;
+    } else {
+      out[i].src = r.from_peer ? Source::kPeer : Source::kOrigin;
+      out[i].fill = std::move(fills[i]);
+    }
+  }
+  return out;
+}
+
 absl::Status ReadPath::Settled(const std::shared_ptr<Fill>& fill) {
   write_behind_->Hurry();  // someone waits: no lingering for a batch
   return fill->WaitSettled() ? OriginChanged() : absl::OkStatus();

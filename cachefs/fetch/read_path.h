@@ -134,6 +134,14 @@ class ReadPath {
   };
   std::vector<Started> StartFromPeers(
       const std::vector<std::pair<const FileRef*, uint64_t>>& blocks);
+  // The same for blocks no peer holds (a prefetch's own blocks that meta located nowhere), read
+  // from the origin in one batch (Origin::ReadMany: one submission for the batch's reads, one
+  // hand-off per fill) when the origin reads many at once, else one by one as StartResident by
+  // FillRoute::kKnownPeersThenOrigin. `before_origin` runs once with the bytes of the blocks
+  // read. Returns: per block, as StartResident's.
+  std::vector<Started> StartFromOrigin(
+      const std::vector<std::pair<const FileRef*, uint64_t>>& blocks,
+      const std::function<void(uint64_t bytes)>& before_origin);
   // Waits for a fill StartResident returned to be stored (write-behind stops waiting for a
   // larger batch). Returns: Ok; FailedPrecondition when the origin changed.
   absl::Status Settled(const std::shared_ptr<Fill>& fill);

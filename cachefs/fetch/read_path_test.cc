@@ -377,6 +377,61 @@ TEST_F(SmallFilesTest, AMissReadsTheNextSmallFilesInOneOriginBatch) {
   EXPECT_EQ(origin_.reads, reads);
 }
 
+// A prefetch's own small blocks that no peer holds: read from the origin in one batch, each
+// stored after Settled and counted from the origin; a resident one is said to be, without a read;
+// a file that cannot be read fails alone; the rate limit hears the batch's bytes once; an origin
+// that reads one file after another is read one by one.
+TEST_F(SmallFilesTest, OwnBlocksNoPeerHoldsAreReadFromTheOriginInOneBatch) {
+  ASSERT_TRUE(ReadSmall(39).ok());  // its batch is itself alone
+  ASSERT_TRUE(testing::WaitFor([&] { return cache_->Resident(small_[39].Block(0)); }));
+  origin_.batches.clear();
+  origin_.files.erase(small_[4].origin.path);
+  std::vector<std::pair<const FileRef*, uint64_t>> blocks;
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; i < 8; i++) {
+    blocks.push_back({&small_[i], 0});
+    if (i != 4) bytes += small_[i].origin.size;
+  }
+  blocks.push_back({&small_[39], 0});
+  std::vector<uint64_t> limited;
+  const auto before_origin = [&](uint64_t n) { limited.push_back(n); };
+  auto started = read_path_->StartFromOrigin(blocks, before_origin);
+  ASSERT_EQ(started.size(), 9u);
+  EXPECT_EQ(origin_.batches, std::vector<size_t>{8});
+  EXPECT_EQ(limited, std::vector<uint64_t>{bytes + small_[4].origin.size});
+  for (uint64_t i = 0; i < 8; i++) {
+    if (i == 4) {
+      EXPECT_EQ(started[i].src.status().code(), absl::StatusCode::kNotFound);
+      EXPECT_EQ(started[i].fill, nullptr);
+      continue;
+    }
+    ASSERT_TRUE(started[i].src.ok()) << i << ": " << started[i].src.status();
+    EXPECT_EQ(*started[i].src, ReadPath::Source::kOrigin) << i;
+    ASSERT_NE(started[i].fill, nullptr);
+    EXPECT_TRUE(read_path_->Settled(started[i].fill).ok());
+    EXPECT_TRUE(cache_->Resident(small_[i].Block(0))) << i;
+  }
+  ASSERT_TRUE(started[8].src.ok());
+  EXPECT_EQ(*started[8].src, ReadPath::Source::kResident);
+  EXPECT_FALSE(cache_->Resident(small_[4].Block(0)));
+  // Stored as read: after a restart of the read path, read from the cache alone.
+  Open();
+  const int reads = origin_.reads;
+  for (uint64_t i : {0, 3, 7}) {
+    auto got = ReadSmall(i);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(*got, origin_.files[small_[i].origin.path]) << i;
+  }
+  EXPECT_EQ(origin_.reads, reads);
+  // One after another for an origin that reads so.
+  origin_.many_at_once = false;
+  origin_.batches.clear();
+  started = read_path_->StartFromOrigin({{&small_[10], 0}, {&small_[11], 0}}, before_origin);
+  EXPECT_TRUE(origin_.batches.empty());
+  EXPECT_EQ(origin_.reads, reads + 2);
+  for (const auto& s : started) EXPECT_TRUE(s.src.ok()) << s.src.status();
+}
+
 // A file of the batch that cannot be read fails alone: the file asked for is served, the others
 // too, and the broken one's own read gets its error.
 TEST_F(SmallFilesTest, AFileOfTheBatchThatFailsFailsAlone) {
