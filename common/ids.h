@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 
@@ -26,6 +27,10 @@ struct BlockAddr {
 
   friend bool operator==(const BlockAddr&, const BlockAddr&) = default;
   friend auto operator<=>(const BlockAddr&, const BlockAddr&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const BlockAddr& a) {  // for absl's hash maps
+    return H::combine(std::move(h), a.dataset_id, a.version, a.file_id, a.index);
+  }
 };
 
 // The 128-bit block id used on the wire and in checksums.

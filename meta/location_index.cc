@@ -176,9 +176,11 @@ bool LocationIndex::HeldByOthersLocked(uint32_t ds, uint32_t version, const std:
 }
 
 void LocationIndex::Locate(const std::vector<BlockAddr>& blocks, const std::string& self,
-                           const NodeView& view, rpc::LocateResponse* resp) {
+                           const NodeView& view, rpc::LocateResponse* resp, bool node_table) {
   absl::MutexLock lock(&mu_);
   std::map<std::pair<uint32_t, uint32_t>, bool> unheld;  // per dataset version asked about
+  // With node_table: node -> its place in resp->nodes, or -1 when not alive.
+  absl::flat_hash_map<uint32_t, int64_t> refs;
   for (const BlockAddr& b : blocks) {
     rpc::Holders* h = resp->add_holders();
     auto it = locations_.find(FileKey{b.dataset_id, b.version, b.file_id});
@@ -192,8 +194,23 @@ void LocationIndex::Locate(const std::vector<BlockAddr>& blocks, const std::stri
       continue;
     }
     for (const Held& held : it->second) {
+      if (!TestLocked(it->first, held, b.index)) continue;
       const std::string& node_id = node_names_[held.node];
-      if (!TestLocked(it->first, held, b.index) || !view.Alive(node_id)) continue;
+      if (node_table) {
+        auto [ref, added] = refs.try_emplace(held.node, -1);
+        if (added && view.Alive(node_id)) {
+          const NodeInfo* n = view.Find(node_id);
+          rpc::HolderNode* node = resp->add_nodes();
+          node->set_node_id(node_id);
+          node->set_address(n->address);
+          node->set_switch_label(n->sw);
+          node->set_rack(n->rack);
+          ref->second = resp->nodes_size() - 1;
+        }
+        if (ref->second >= 0) h->add_node_refs(static_cast<uint32_t>(ref->second));
+        continue;
+      }
+      if (!view.Alive(node_id)) continue;
       const NodeInfo* n = view.Find(node_id);
       h->add_node_ids(node_id);
       h->add_addresses(n->address);

@@ -57,9 +57,10 @@ class LocationIndex {
 
   // Per block: the live nodes holding it (the asker included), with address and labels; for a
   // block nobody holds, whether no live node other than `self` holds any block of its dataset
-  // version (`dataset_unheld`: the asker then need not ask again for a while).
+  // version (`dataset_unheld`: the asker then need not ask again for a while). `node_table`:
+  // holders as Holders.node_refs into resp->nodes, each node named once.
   void Locate(const std::vector<BlockAddr>& blocks, const std::string& self, const NodeView& view,
-              rpc::LocateResponse* resp);
+              rpc::LocateResponse* resp, bool node_table = false);
 
   // What each node holds of a dataset version, in exact bytes (last blocks included).
   struct NodeResidency {

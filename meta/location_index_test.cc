@@ -47,6 +47,27 @@ TEST_F(LocationIndexTest, ReportsLocateAndResidentBytesAgree) {
   EXPECT_EQ(resp.holders(1).addresses(0), "n1:1");
   EXPECT_EQ(resp.holders(1).racks(0), "r1");
   EXPECT_TRUE(resp.holders(2).dataset_unheld());  // nobody holds anything of version 2
+  // The same answer with a node table: each holder named once, the blocks pointing at them.
+  rpc::LocateResponse table;
+  index.Locate({BlockAddr{7, 1, 2, 3}, BlockAddr{7, 1, 2, 0}, BlockAddr{7, 2, 1, 0}}, "n2", view,
+               &table, /*node_table=*/true);
+  ASSERT_EQ(table.holders_size(), 3);
+  ASSERT_EQ(table.nodes_size(), 2);
+  for (int i = 0; i < 3; i++) {
+    EXPECT_EQ(table.holders(i).node_ids_size(), 0) << i;
+    std::vector<std::string> listed(resp.holders(i).node_ids().begin(),
+                                    resp.holders(i).node_ids().end()),
+        named;
+    for (uint32_t ref : table.holders(i).node_refs()) {
+      ASSERT_LT(ref, 2u);
+      const rpc::HolderNode& n = table.nodes(static_cast<int>(ref));
+      EXPECT_EQ(n.address(), n.node_id() + ":1");
+      EXPECT_EQ(n.rack(), "r1");
+      named.push_back(n.node_id());
+    }
+    EXPECT_EQ(named, listed) << i;
+    EXPECT_EQ(table.holders(i).dataset_unheld(), resp.holders(i).dataset_unheld()) << i;
+  }
 
   LocationIndex::Residency r = index.Resident(7, 1, Sizes(), 1 << 20, view);
   EXPECT_EQ(r.total_bytes, 10u + (3u << 20) + 1);

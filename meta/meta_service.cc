@@ -271,7 +271,7 @@ grpc::Status MetaService::Locate(grpc::ServerContext* ctx, const rpc::LocateRequ
   return Serve(ctx, "Locate", [&]() -> absl::Status {
     if (req->blocks_size() > kMaxBatch) return TooMany(req->blocks_size());
     const std::vector<BlockAddr> blocks = Addrs(req->blocks());
-    units_.locations->Locate(blocks, req->node_id(), units_.nodes->View(), resp);
+    units_.locations->Locate(blocks, req->node_id(), units_.nodes->View(), resp, req->node_table());
     // Checksums let the caller verify what a peer sends, or what it reads from the origin when
     // no peer holds the block any more. A store error here only costs the caller a claim.
     auto sums = units_.checksums->Get(blocks);

@@ -17,15 +17,25 @@ class MetaBlockDirectory final : public BlockDirectory {
   absl::StatusOr<std::vector<Location>> Locate(const std::vector<BlockAddr>& addrs) override {
     rpc::LocateRequest req;
     req.set_node_id(node_id_);
+    req.set_node_table(true);
     for (const auto& a : addrs) *req.add_blocks() = meta::ToProto(a);
     auto resp = meta_->Locate(req);
     if (!resp.ok()) return resp.status();
+    std::vector<Holder> nodes;  // the answer's node table (empty from a meta that predates it)
+    nodes.reserve(resp->nodes_size());
+    for (const auto& n : resp->nodes()) {
+      nodes.push_back({n.node_id(), n.address(), n.switch_label(), n.rack()});
+    }
     std::vector<Location> out;
+    out.reserve(addrs.size());
     for (int i = 0; i < resp->holders_size() && i < static_cast<int>(addrs.size()); i++) {
       const auto& h = resp->holders(i);
       Location l;
       l.dataset_unheld = h.dataset_unheld();
       if (h.has_checksum()) l.checksum = h.checksum();
+      for (uint32_t ref : h.node_refs()) {
+        if (ref < nodes.size()) l.holders.push_back(nodes[ref]);
+      }
       for (int j = 0; j < h.node_ids_size(); j++) {
         l.holders.push_back({h.node_ids(j), h.addresses(j),
                              j < h.switches_size() ? h.switches(j) : "",

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "cachefs/fetch/block_directory.h"
 #include "common/ids.h"
@@ -60,7 +61,7 @@ class ChecksumBook {
   std::atomic<bool> meta_down_logged_{false};
 
   absl::Mutex mu_;
-  std::map<BlockAddr, Learned> known_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<BlockAddr, Learned> known_ ABSL_GUARDED_BY(mu_);
   std::vector<BlockDirectory::Claim> pending_ ABSL_GUARDED_BY(mu_);
   std::set<BlockAddr> conflicts_ ABSL_GUARDED_BY(mu_);
 };

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "cachefs/fetch/block_directory.h"
@@ -111,7 +112,7 @@ class PeerFetcher {
   ChecksumBook* const checksums_;
   const Options options_;
   absl::Mutex mu_;
-  std::map<BlockAddr, Located> located_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<BlockAddr, Located> located_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::chrono::steady_clock::time_point> suspects_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> inflight_ ABSL_GUARDED_BY(mu_);
   // (dataset, version) -> when meta last said no other node holds any of it.

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "cachefs/cache/block_buffer.h"
@@ -62,7 +63,7 @@ class SingleFlight {
 
  private:
   absl::Mutex mu_;
-  std::map<BlockAddr, std::shared_ptr<Fill>> inflight_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<BlockAddr, std::shared_ptr<Fill>> inflight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember::cachefs
