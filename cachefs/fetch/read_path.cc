@@ -304,29 +304,53 @@ absl::StatusOr<ReadPath::Source> ReadPath::StartResident(
   }
 }
 
-std::vector<ReadPath::Started> ReadPath::StartFromPeers(
-    const std::vector<std::pair<const FileRef*, uint64_t>>& blocks) {
-  std::vector<Started> out(blocks.size());
-  std::vector<std::shared_ptr<Fill>> fills(blocks.size());
-  std::vector<std::pair<const FileRef*, uint64_t>> lead;  // the fills this call leads
-  std::vector<size_t> lead_at;
+ReadPath::Joined ReadPath::JoinMany(const std::vector<std::pair<const FileRef*, uint64_t>>& blocks,
+                                    std::vector<Started>* out) {
+  Joined j;
+  j.fills.resize(blocks.size());
   for (size_t i = 0; i < blocks.size(); i++) {
     const BlockAddr addr = blocks[i].first->Block(blocks[i].second);
     if (cache_->Resident(addr)) {
-      out[i].src = Source::kResident;
+      (*out)[i].src = Source::kResident;
       continue;
     }
     auto [fill, leader] = inflight_.Join(addr);
-    fills[i] = fill;
+    j.fills[i] = fill;
     if (!leader || EndIfThere(addr, fill)) continue;  // someone else's fill: waited for below
-    lead.push_back(blocks[i]);
-    lead_at.push_back(i);
+    j.lead.push_back(blocks[i]);
+    j.lead_at.push_back(i);
   }
-  std::vector<FillSources::Fetched> got = sources_.FetchFromPeers(lead);
-  for (size_t k = 0; k < lead.size(); k++) {
-    const auto& [file, index] = lead[k];
+  return j;
+}
+
+void ReadPath::WaitMany(std::vector<std::shared_ptr<Fill>>& fills, std::vector<Started>* out,
+                        const std::function<void(size_t)>& after_failed_try) {
+  for (size_t i = 0; i < fills.size(); i++) {
+    if (fills[i] == nullptr) continue;
+    Fill::Result r = fills[i]->WaitDone();
+    Started& o = (*out)[i];
+    if (!r.status.ok() && r.peer_only && after_failed_try) {
+      after_failed_try(i);
+    } else if (!r.status.ok()) {
+      o.src = r.status;
+    } else if (r.already) {
+      o.src = Source::kResident;
+    } else {
+      o.src = r.from_peer ? Source::kPeer : Source::kOrigin;
+      o.fill = std::move(fills[i]);
+    }
+  }
+}
+
+std::vector<ReadPath::Started> ReadPath::StartFromPeers(
+    const std::vector<std::pair<const FileRef*, uint64_t>>& blocks) {
+  std::vector<Started> out(blocks.size());
+  Joined j = JoinMany(blocks, &out);
+  std::vector<FillSources::Fetched> got = sources_.FetchFromPeers(j.lead);
+  for (size_t k = 0; k < j.lead.size(); k++) {
+    const auto& [file, index] = j.lead[k];
     const BlockAddr addr = file->Block(index);
-    const std::shared_ptr<Fill>& fill = fills[lead_at[k]];
+    const std::shared_ptr<Fill>& fill = j.fills[j.lead_at[k]];
     FillSources::Fetched& f = got[k];
     misses_++;
     fill->Finish({.status = f.status, .data = f.data, .from_peer = true, .peer_only = true});
@@ -339,18 +363,7 @@ std::vector<ReadPath::Started> ReadPath::StartFromPeers(
     write_behind_->Submit({addr, file->origin.size, index * file->block_size, f.data, f.checksum,
                            fill, /*claim=*/false, std::string()});
   }
-  for (size_t i = 0; i < blocks.size(); i++) {
-    if (fills[i] == nullptr) continue;
-    Fill::Result r = fills[i]->WaitDone();
-    if (!r.status.ok()) {
-      out[i].src = r.status;
-    } else if (r.already) {
-      out[i].src = Source::kResident;
-    } else {
-      out[i].src = r.from_peer ? Source::kPeer : Source::kOrigin;
-      out[i].fill = std::move(fills[i]);
-    }
-  }
+  WaitMany(j.fills, &out, nullptr);
   return out;
 }
 
@@ -366,49 +379,22 @@ std::vector<ReadPath::Started> ReadPath::StartFromOrigin(
     for (size_t i = 0; i < blocks.size(); i++) one_by_one(i);
     return out;
   }
-  std::vector<std::shared_ptr<Fill>> fills(blocks.size());
-  std::vector<std::pair<const FileRef*, uint64_t>> lead;  // the fills this call leads
-  std::vector<size_t> lead_at;
+  Joined j = JoinMany(blocks, &out);
   uint64_t bytes = 0;
-  for (size_t i = 0; i < blocks.size(); i++) {
-    const auto& [file, index] = blocks[i];
-    const BlockAddr addr = file->Block(index);
-    if (cache_->Resident(addr)) {
-      out[i].src = Source::kResident;
-      continue;
-    }
-    auto [fill, leader] = inflight_.Join(addr);
-    fills[i] = fill;
-    if (!leader || EndIfThere(addr, fill)) continue;  // someone else's fill: waited for below
-    lead.push_back(blocks[i]);
-    lead_at.push_back(i);
-    bytes += file->BlockLength(index);
-  }
-  if (!lead.empty() && before_origin) before_origin(bytes);  // rate limit
-  std::vector<FillSources::Fetched> got = sources_.FetchFromOrigin(lead);
-  for (size_t k = 0; k < lead.size(); k++) {
+  for (const auto& [file, index] : j.lead) bytes += file->BlockLength(index);
+  if (!j.lead.empty() && before_origin) before_origin(bytes);  // rate limit
+  std::vector<FillSources::Fetched> got = sources_.FetchFromOrigin(j.lead);
+  for (size_t k = 0; k < j.lead.size(); k++) {
     misses_++;
-    const std::shared_ptr<Fill>& fill = fills[lead_at[k]];
+    const auto& [file, index] = j.lead[k];
+    const std::shared_ptr<Fill>& fill = j.fills[j.lead_at[k]];
     // A failure is settled by Deliver and leaves the table here, as FillOnce's.
-    if (!Deliver(*lead[k].first, lead[k].second, fill, FillRoute::kKnownPeersThenOrigin,
-                 std::move(got[k]))) {
-      inflight_.End(lead[k].first->Block(lead[k].second), fill);
+    if (!Deliver(*file, index, fill, FillRoute::kKnownPeersThenOrigin, std::move(got[k]))) {
+      inflight_.End(file->Block(index), fill);
     }
   }
-  for (size_t i = 0; i < blocks.size(); i++) {
-    if (fills[i] == nullptr) continue;
-    Fill::Result r = fills[i]->WaitDone();
-    if (!r.status.ok() && r.peer_only) {
-      one_by_one(i);  // joined someone's peer-only try, which failed: this one reads the origin
-    } else if (!r.status.ok()) {
-      out[i].src = r.status;
-    } else if (r.already) {
-      out[i].src = Source::kResident;
-    } else {
-      out[i].src = r.from_peer ? Source::kPeer : Source::kOrigin;
-      out[i].fill = std::move(fills[i]);
-    }
-  }
+  // A joined peer-only try that failed: this one may read the origin, so it fills the block.
+  WaitMany(j.fills, &out, one_by_one);
   return out;
 }
 

@@ -194,6 +194,19 @@ class ReadPath {
   // As the leader of `fill`, just joined: when the block is resident or in memory already (a
   // fill ended since the caller looked), finishes, settles and ends it. Returns: whether it did.
   bool EndIfThere(const BlockAddr& addr, const std::shared_ptr<Fill>& fill);
+  // Many blocks' fills at once (StartFromPeers, StartFromOrigin): resident ones are answered in
+  // `out`; the others' fills are joined, and those this call leads are listed to be fetched.
+  struct Joined {
+    std::vector<std::shared_ptr<Fill>> fills;  // per block; null when resident
+    std::vector<std::pair<const FileRef*, uint64_t>> lead;
+    std::vector<size_t> lead_at;  // each led fill's block in `fills`
+  };
+  Joined JoinMany(const std::vector<std::pair<const FileRef*, uint64_t>>& blocks,
+                  std::vector<Started>* out);
+  // Waits for `fills` and answers each in `out` as StartResident does; a joined try (peer-only)
+  // that failed goes to `after_failed_try` when set, else is answered with its error.
+  void WaitMany(std::vector<std::shared_ptr<Fill>>& fills, std::vector<Started>* out,
+                const std::function<void(size_t)>& after_failed_try);
   // Single-flight: joins the fill in flight for the block, or leads one. Returns: the fill,
   // done (its bytes or error handed out; maybe not yet settled).
   std::shared_ptr<Fill> FillOnce(const FileRef& file, uint64_t index, FillRoute route,
