@@ -23,16 +23,17 @@ absl::Status ChecksumLedger::Record(const rpc::RecordChecksumsRequest& req,
     } else {
       ASSIGN_OR_RETURN(have, store_->GetChecksum(addr));
     }
-    rpc::BlockChecksum* recorded = out.add_recorded();
-    *recorded->mutable_block() = c.block();
+    if (!req.conflicts_only()) {
+      rpc::BlockChecksum* recorded = out.add_recorded();
+      *recorded->mutable_block() = c.block();
+      recorded->set_checksum(have.value_or(c.checksum()));
+    }
     if (!have) {
       to_write.emplace_back(addr, c.checksum());
       in_batch[addr] = c.checksum();
-      recorded->set_checksum(c.checksum());
       out.add_conflict(false);
       continue;
     }
-    recorded->set_checksum(*have);
     out.add_conflict(*have != c.checksum());
     if (*have != c.checksum()) {
       spdlog::warn("meta: checksum conflict for block {}/{}/{}/{}: held {:016x}, got {:016x}",

@@ -37,6 +37,19 @@ TEST_F(ChecksumLedgerTest, FirstWriterWinsAndLaterValuesConflict) {
   EXPECT_EQ(resp.recorded(0).checksum(), 11u);
   EXPECT_FALSE(resp.conflict(1));
 
+  // Asked for conflicts only (what nodes ask): the same verdicts, no checksums sent back.
+  rpc::RecordChecksumsRequest third;
+  third.set_conflicts_only(true);
+  Add(&third, a, 14);
+  Add(&third, b, 21);
+  Add(&third, BlockAddr{1, 1, 2, 3}, 31);
+  ASSERT_TRUE(ledger.Record(third, &resp).ok());
+  ASSERT_EQ(resp.conflict_size(), 3);
+  EXPECT_TRUE(resp.conflict(0));
+  EXPECT_FALSE(resp.conflict(1));
+  EXPECT_FALSE(resp.conflict(2));
+  EXPECT_EQ(resp.recorded_size(), 0);
+
   auto got = ledger.Get({a, b, BlockAddr{1, 1, 2, 2}});
   ASSERT_TRUE(got.ok());
   EXPECT_EQ((*got)[0], 11u);

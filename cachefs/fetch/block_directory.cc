@@ -48,6 +48,7 @@ class MetaBlockDirectory final : public BlockDirectory {
 
   absl::StatusOr<std::vector<bool>> RecordChecksums(const std::vector<Claim>& claims) override {
     rpc::RecordChecksumsRequest req;
+    req.set_conflicts_only(true);  // the checksums meta holds are not needed, only conflicts
     for (const auto& c : claims) {
       auto* r = req.add_checksums();
       *r->mutable_block() = meta::ToProto(c.addr);

@@ -29,6 +29,20 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
   for (size_t i = 0; i < locations->size(); i++) {
     if ((*locations)[i].checksum) checksums_->Learn(addrs[i], *(*locations)[i].checksum);
   }
+  // Whether `loc`'s holders other than this node are `set`, in the same order.
+  auto same = [&](const BlockDirectory::Location& loc, const std::vector<Holder>& set) {
+    size_t k = 0;
+    for (const Holder& h : loc.holders) {
+      if (h.id == options_.self_id) continue;
+      if (k == set.size() || set[k].id != h.id || set[k].address != h.address ||
+          set[k].sw != h.sw || set[k].rack != h.rack) {
+        return false;
+      }
+      k++;
+    }
+    return k == set.size();
+  };
+  HolderSet last;  // the set the previous block was located at
   absl::MutexLock lock(&mu_);
   if (located_.size() > kMaxLocated) located_.clear();
   for (size_t i = 0; i < locations->size(); i++) {
@@ -39,17 +53,19 @@ absl::Status PeerFetcher::Locate(const std::vector<BlockAddr>& addrs) {
     } else {
       unheld_.erase(dsv);  // held here, or some other block of the version is held elsewhere
     }
-    Located l;
-    l.at = now;
-    for (const Holder& h : loc.holders) {
-      if (h.id != options_.self_id) l.holders.push_back(h);
+    if (last == nullptr || !same(loc, *last)) {
+      auto set = std::make_shared<std::vector<Holder>>();
+      for (const Holder& h : loc.holders) {
+        if (h.id != options_.self_id) set->push_back(h);
+      }
+      last = set->empty() ? nullptr : std::move(set);
     }
     // "Nobody has it" is not kept: Fetch and LocateAhead ask again, since during a prefetch the
     // holders change within moments.
-    if (l.holders.empty()) {
+    if (last == nullptr) {
       located_.erase(addrs[i]);
     } else {
-      located_[addrs[i]] = std::move(l);
+      located_[addrs[i]] = Located{last, now};
     }
   }
   return absl::OkStatus();
@@ -135,9 +151,9 @@ absl::StatusOr<uint64_t> PeerFetcher::Fetch(const BlockAddr& addr, uint32_t leng
   }
   // Without meta's checksum a peer's bytes cannot be checked: use the origin.
   const std::optional<uint64_t> checksum = checksums_->Known(addr);
-  if (l.holders.empty() || !checksum) return absl::NotFoundError("no peer holds the block");
+  if (l.holders == nullptr || !checksum) return absl::NotFoundError("no peer holds the block");
 
-  return TryHolders(Order(l), addr, length, buf, *checksum);
+  return TryHolders(Order(*l.holders), addr, length, buf, *checksum);
 }
 
 absl::StatusOr<uint64_t> PeerFetcher::TryHolders(std::span<const Holder> order,
@@ -167,11 +183,11 @@ absl::StatusOr<uint64_t> PeerFetcher::TryHolders(std::span<const Holder> order,
   return absl::NotFoundError("no peer could give the block");
 }
 
-std::vector<PeerFetcher::Holder> PeerFetcher::Order(const Located& l) {
+std::vector<PeerFetcher::Holder> PeerFetcher::Order(const std::vector<Holder>& holders) {
   // Nearest first, then least loaded by this node's own fetches in flight.
   std::vector<Holder> order;
   absl::MutexLock lock(&mu_);
-  for (const auto& h : l.holders) {
+  for (const auto& h : holders) {
     if (!SuspectLocked(h.id)) order.push_back(h);
   }
   auto rank = [&](const Holder& h) {
@@ -217,7 +233,11 @@ void PeerFetcher::FetchMany(std::span<Want> wants) {
   for (const Want& w : wants) addrs.push_back(w.addr);
   LocateAhead(addrs);
   // Each block's holders in order; one FetchMany per first choice, the rest tried one by one.
-  std::vector<std::vector<Holder>> orders(wants.size());
+  // The order is worked out once per set of holders (most blocks of a batch share one; a map's
+  // values stay where they are as it grows).
+  std::vector<const std::vector<Holder>*> orders(wants.size(), nullptr);
+  std::map<const std::vector<Holder>*, std::vector<Holder>> order_of;
+  std::vector<HolderSet> keep;  // the sets order_of is keyed by, alive while it is
   std::vector<uint64_t> checksum(wants.size(), 0);
   std::map<std::string, std::vector<size_t>> by_peer;  // holder address -> wants
   const auto now = std::chrono::steady_clock::now();
@@ -231,13 +251,18 @@ void PeerFetcher::FetchMany(std::span<Want> wants) {
     }
     // Without meta's checksum a peer's bytes cannot be checked.
     const std::optional<uint64_t> known = checksums_->Known(wants[i].addr);
-    if (l.holders.empty() || !known) continue;
+    if (l.holders == nullptr || !known) continue;
     checksum[i] = *known;
-    orders[i] = Order(l);
-    if (!orders[i].empty()) by_peer[orders[i].front().address].push_back(i);
+    auto [at, added] = order_of.try_emplace(l.holders.get());
+    if (added) {
+      at->second = Order(*l.holders);
+      keep.push_back(l.holders);
+    }
+    orders[i] = &at->second;
+    if (!orders[i]->empty()) by_peer[orders[i]->front().address].push_back(i);
   }
   for (auto& [address, which] : by_peer) {
-    const Holder h = orders[which.front()].front();
+    const Holder h = orders[which.front()]->front();
     std::vector<transport::FetchPiece> pieces(which.size());
     for (size_t k = 0; k < which.size(); k++) {
       pieces[k].addr = wants[which[k]].addr;
@@ -270,7 +295,7 @@ void PeerFetcher::FetchMany(std::span<Want> wants) {
       if (per_block || !peer_failed) Failed(h, w.addr, p.status);
       peer_failed = peer_failed || !per_block;
       // The block's other holders, one by one, as Fetch tries them.
-      w.result = TryHolders(std::span<const Holder>(orders[i]).subspan(1), w.addr, w.length, w.buf,
+      w.result = TryHolders(std::span<const Holder>(*orders[i]).subspan(1), w.addr, w.length, w.buf,
                             checksum[i]);
     }
   }

@@ -82,8 +82,11 @@ class PeerFetcher {
 
  private:
   using Holder = BlockDirectory::Holder;
+  // Other nodes than this one; never empty. Shared by the blocks one answer names the same
+  // holders for (a prefetch locates hundreds of thousands of blocks of the same few owners).
+  using HolderSet = std::shared_ptr<const std::vector<Holder>>;
   struct Located {
-    std::vector<Holder> holders;  // other nodes than this one; never empty
+    HolderSet holders;
     std::chrono::steady_clock::time_point at;
   };
 
@@ -94,7 +97,7 @@ class PeerFetcher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static metrics::Counter* ErrorCounter(const char* kind);
   // The holders not suspected, nearest first, then least loaded by this node's fetches.
-  std::vector<Holder> Order(const Located& l) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Holder> Order(const std::vector<Holder>& holders) ABSL_LOCKS_EXCLUDED(mu_);
   // Tries the holders in turn until one gives bytes that match `checksum`.
   // Returns: the checksum; NotFound when none did.
   absl::StatusOr<uint64_t> TryHolders(std::span<const Holder> order, const BlockAddr& addr,

@@ -359,7 +359,8 @@ std::vector<ReadPath::Started> ReadPath::StartFromPeers(
       inflight_.End(addr, fill);
       continue;
     }
-    recent_.Put(addr, f.data, f.checksum, /*from_origin=*/false);
+    // Not among the recent blocks (see the header): readers that come meanwhile join the fill,
+    // and the cache holds it from when the fill ends.
     write_behind_->Submit({addr, file->origin.size, index * file->block_size, f.data, f.checksum,
                            fill, /*claim=*/false, std::string()});
   }

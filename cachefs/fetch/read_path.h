@@ -126,8 +126,9 @@ class ReadPath {
                                        const std::function<void(uint64_t bytes)>& before_origin,
                                        std::shared_ptr<Fill>* unsettled);
   // StartResident of many blocks by FillRoute::kPeersOnly, fetched with one request per holder
-  // (small files). Returns: per block of `blocks` ((file, index)), the source and the fill to
-  // settle, as StartResident's.
+  // (small files). Not kept among the recent blocks: a prefetch's others' blocks are read by no
+  // one here, and their holders serve the other nodes. Returns: per block of `blocks` ((file,
+  // index)), the source and the fill to settle, as StartResident's.
   struct Started {
     absl::StatusOr<Source> src;
     std::shared_ptr<Fill> fill;  // null unless fetched now

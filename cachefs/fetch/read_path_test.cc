@@ -68,7 +68,11 @@ class FakeDirectory : public BlockDirectory {
     for (const auto& a : addrs) {
       Location l;
       if (auto it = checksums_.find(a); it != checksums_.end()) l.checksum = it->second;
-      if (peer_holds_) l.holders.push_back({"peer", "peer:1", "", ""});
+      if (auto it = holders_of_.find(a.index); it != holders_of_.end()) {
+        l.holders = it->second;
+      } else if (peer_holds_) {
+        l.holders.push_back({"peer", "peer:1", "", ""});
+      }
       l.dataset_unheld = !peer_holds_ && dataset_unheld_;
       out.push_back(l);
     }
@@ -114,6 +118,11 @@ class FakeDirectory : public BlockDirectory {
     absl::MutexLock lock(&mu_);
     peer_holds_ = h;
   }
+  // Block `index` (of any file) held by these nodes instead.
+  void SetHolders(uint64_t index, std::vector<Holder> holders) {
+    absl::MutexLock lock(&mu_);
+    holders_of_[index] = std::move(holders);
+  }
   // Whether blocks nobody holds come back as "nobody holds any block of the version".
   void SetDatasetUnheld(bool u) {
     absl::MutexLock lock(&mu_);
@@ -146,6 +155,7 @@ class FakeDirectory : public BlockDirectory {
   absl::Mutex mu_;
   std::map<BlockAddr, uint64_t> checksums_ ABSL_GUARDED_BY(mu_);
   bool reachable_ ABSL_GUARDED_BY(mu_) = true;
+  std::map<uint64_t, std::vector<Holder>> holders_of_ ABSL_GUARDED_BY(mu_);
   bool peer_holds_ ABSL_GUARDED_BY(mu_) = false;
   bool dataset_unheld_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_claims_ ABSL_GUARDED_BY(mu_) = false;
@@ -160,12 +170,23 @@ class FakeTransport : public transport::BlockTransport {
  public:
   explicit FakeTransport(const std::string* content) : content_(content) {}
   const char* name() const override { return "fake"; }
-  absl::Status Fetch(const std::string&, const BlockAddr& addr, uint64_t offset, uint32_t length,
-                     char* buf, transport::FetchInfo*) override {
+  absl::Status Fetch(const std::string& peer, const BlockAddr& addr, uint64_t offset,
+                     uint32_t length, char* buf, transport::FetchInfo*) override {
     fetches++;
+    {
+      absl::MutexLock lock(&mu_);
+      asked_[addr.index].push_back(peer);
+    }
     std::memcpy(buf, content_->data() + addr.index * kBlock + offset, length);
-    if (corrupt || static_cast<int64_t>(addr.index) == corrupt_index) buf[0] ^= 1;
+    if (corrupt || static_cast<int64_t>(addr.index) == corrupt_index || peer == bad_peer) {
+      buf[0] ^= 1;
+    }
     return absl::OkStatus();
+  }
+  // The peers block `index` was asked of, in turn.
+  std::vector<std::string> Asked(uint64_t index) {
+    absl::MutexLock lock(&mu_);
+    return asked_[index];
   }
   absl::StatusOr<std::string> Call(const std::string&, std::string_view,
                                    std::chrono::milliseconds) override {
@@ -174,9 +195,12 @@ class FakeTransport : public transport::BlockTransport {
   std::atomic<int> fetches{0};
   std::atomic<bool> corrupt{false};
   std::atomic<int64_t> corrupt_index{-1};  // only this block's bytes are wrong
+  std::string bad_peer;                    // every block from this peer is wrong
 
  private:
   const std::string* content_;
+  absl::Mutex mu_;
+  std::map<uint64_t, std::vector<std::string>> asked_ ABSL_GUARDED_BY(mu_);
 };
 
 std::string Gather(const ReadResult& r) {
@@ -917,6 +941,44 @@ TEST_F(ReadPathTest, BlocksFromPeersManyAtOnceAreEachChecked) {
   EXPECT_EQ(transport_.fetches, fetches);
   // What was stored reads back exactly; the refused blocks come from the origin.
   transport_.corrupt_index = -1;
+  auto r = read_path_->Read(ref, 0, content_.size());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Gather(*r), content_);
+}
+
+// Blocks of one batch located at different sets of holders (one answer for all) are each asked
+// of their own first holder, never of this node, and a block whose first holder sends wrong
+// bytes is taken from the next one of its own set.
+TEST_F(ReadPathTest, BlocksOfOneBatchGoToTheirOwnHolders) {
+  Open(/*with_peers=*/true);
+  const BlockDirectory::Holder a{"a", "a:1", "", ""}, b{"b", "b:1", "", ""}, c{"c", "c:1", "", ""},
+      me{"me", "me:1", "", ""};
+  directory_.SetHolders(0, {a});
+  directory_.SetHolders(1, {a});
+  directory_.SetHolders(2, {me, b});  // this node is named too (a stale answer): skipped
+  directory_.SetHolders(3, {b});
+  directory_.SetHolders(4, {c, a});  // c sends wrong bytes: a gives them
+  directory_.SetHolders(5, {a});
+  transport_.bad_peer = "c:1";
+  for (uint64_t i = 0; i < 6; i++) directory_.SetChecksum({1, 1, 4, i}, SumOf(i));
+  const FileRef ref = Ref();
+  std::vector<std::pair<const FileRef*, uint64_t>> blocks;
+  for (uint64_t i = 0; i < 6; i++) blocks.push_back({&ref, i});
+  auto started = read_path_->StartFromPeers(blocks);
+  ASSERT_EQ(started.size(), 6u);
+  for (uint64_t i = 0; i < 6; i++) {
+    ASSERT_TRUE(started[i].src.ok()) << i << ": " << started[i].src.status();
+    ASSERT_NE(started[i].fill, nullptr) << i;
+    EXPECT_TRUE(read_path_->Settled(started[i].fill).ok());
+  }
+  using V = std::vector<std::string>;
+  EXPECT_EQ(transport_.Asked(0), V{"a:1"});
+  EXPECT_EQ(transport_.Asked(1), V{"a:1"});
+  EXPECT_EQ(transport_.Asked(2), V{"b:1"});
+  EXPECT_EQ(transport_.Asked(3), V{"b:1"});
+  EXPECT_EQ((V{"c:1", "a:1"}), transport_.Asked(4));
+  EXPECT_EQ(transport_.Asked(5), V{"a:1"});
+  EXPECT_EQ(origin_.reads, 0);
   auto r = read_path_->Read(ref, 0, content_.size());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(Gather(*r), content_);
