@@ -5,7 +5,8 @@
 //   prefetch_floor LIST NODES OUTDIR
 //
 // Node k (threads of this process, its sockets on 127.0.0.(2+k)) reads the files i % NODES == k
-// of LIST (open, read, close: each origin file read once, from wherever it is now), packs them
+// of LIST (opened, sized, read and closed 32 at a time as Ember does, each origin file read once,
+// from wherever it is now), packs them
 // end to end into 2 MiB buffers, appends each buffer to its own file OUTDIR/floor.k with
 // O_DIRECT and sends it over loopback TCP to every other node, which appends what it receives
 // the same way. Nothing is checked, indexed, located or recorded; one reader thread per node.
@@ -16,6 +17,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -31,9 +33,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/batch_read.h"
+
 namespace {
 
 constexpr size_t kBuf = 2u << 20;
+constexpr size_t kBatch = 32;  // origin files read at once (Ember's ReadPath::kSmallBatch)
 constexpr size_t kAlign = 4096;
 
 struct Free {
@@ -216,17 +221,50 @@ int main(int argc, char** argv) {
           b = NewBuf();
           used = 0;
         };
+        // kBatch files at a time, as Ember's origin reads them: opened in one submission, each
+        // sized (fstat), read in one submission, closed in one (common/batch_read.h). A file
+        // larger than what is left of the buffer is read once the buffer has gone out.
+        std::vector<size_t> mine;
         for (size_t i = static_cast<size_t>(k); i < paths.size(); i += static_cast<size_t>(n)) {
-          int fd = open(paths[i].c_str(), O_RDONLY);
-          if (fd < 0) Die(paths[i].c_str());
-          while (true) {
-            if (used == kBuf) flush();
-            ssize_t r = read(fd, b.get() + used, kBuf - used);
-            if (r < 0) Die("read");
-            if (r == 0) break;
-            used += static_cast<size_t>(r);
+          mine.push_back(i);
+        }
+        std::vector<ember::PreadOp> reads;
+        auto read_pending = [&] {
+          ember::BatchPread(reads);
+          for (const ember::PreadOp& r : reads) {
+            if (r.result != static_cast<int64_t>(r.len)) Die("read");
           }
-          close(fd);
+          reads.clear();
+        };
+        for (size_t at = 0; at < mine.size(); at += kBatch) {
+          const size_t count = std::min(kBatch, mine.size() - at);
+          std::vector<ember::OpenOp> opens(count);
+          for (size_t j = 0; j < count; j++) {
+            opens[j] = {.path = paths[mine[at + j]].c_str(), .flags = O_RDONLY | O_CLOEXEC};
+          }
+          ember::BatchOpen(opens);
+          std::vector<int> fds;
+          for (size_t j = 0; j < count; j++) {
+            const int fd = opens[j].result;
+            if (fd < 0) Die(paths[mine[at + j]].c_str());
+            fds.push_back(fd);
+            struct stat st;
+            if (fstat(fd, &st) != 0) Die("fstat");
+            size_t size = static_cast<size_t>(st.st_size), off = 0;
+            while (size > 0) {
+              if (used == kBuf) {
+                read_pending();
+                flush();
+              }
+              const size_t len = std::min(size, kBuf - used);
+              reads.push_back({.fd = fd, .offset = off, .len = len, .buf = b.get() + used});
+              used += len;
+              off += len;
+              size -= len;
+            }
+          }
+          read_pending();
+          ember::BatchClose(fds);
         }
         if (used > 0) flush();
         const uint32_t zero = 0;

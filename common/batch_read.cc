@@ -1,5 +1,8 @@
 #include "common/batch_read.h"
 
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +31,47 @@ class ReadRing {
   bool ok() const { return ok_; }
   size_t entries() const { return std::min<size_t>(ring_.entries(), kEntries); }
 
+  // Runs n operations (at most entries()) at once: prepare(i, sqe) fills operation i's entry,
+  // done(i, res) gets its result. Returns false if the ring failed (done was called for those
+  // the kernel took; the caller does the rest itself, those with no result).
+  template <typename Prepare, typename Done>
+  bool Run(size_t n, Prepare prepare, Done done) {
+    for (size_t i = 0; i < n; i++) {
+      io_uring_sqe* sqe = ring_.Next();
+      prepare(i, sqe);
+      sqe->user_data = i;
+      ring_.Publish();
+    }
+    size_t got = 0, taken = 0;
+    while (got < n) {
+      const int r = ring_.Enter(ring_.Pending() > 0 ? 0 : static_cast<unsigned>(n - got));
+      if (r > 0) taken += static_cast<size_t>(r);
+      if (r < 0 && r != -EINTR) {
+        ok_ = false;
+        // What the kernel took is waited for: a read writes into the caller's buffers, which
+        // may be freed or reused once we return; an open it did must be closed by someone.
+        while (got < taken) {
+          const int w = ring_.Wait(static_cast<unsigned>(taken - got));
+          if (w < 0 && w != -EINTR && w != -EAGAIN) {
+            std::fprintf(stderr, "io_uring: cannot wait for operations in flight: %s\n",
+                         std::strerror(-w));
+            std::abort();  // returning would let the kernel write into memory reused after
+          }
+          for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) {
+            if (c->user_data < n) done(c->user_data, c->res);
+            got++;
+          }
+        }
+        return false;
+      }
+      for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) {
+        if (c->user_data < n) done(c->user_data, c->res);
+        got++;
+      }
+    }
+    return true;
+  }
+
   // Reads ops (at most entries() of them) at once: each op's result is the bytes read (short
   // only at the end of its file), or -errno. A read cut short (the first pages were in memory,
   // the rest not yet) is submitted again for the rest with the others' rests, never read alone.
@@ -38,23 +82,38 @@ class ReadRing {
       open[i] = i;
       ops[i].result = 0;
     }
+    std::vector<int64_t> last(ops.size());  // per op: what its read of the round got
     while (!open.empty()) {
-      for (size_t i : open) {
-        PreadOp& op = ops[i];
-        const auto got = static_cast<size_t>(op.result);
-        io_uring_sqe* sqe = ring_.Next();
-        sqe->opcode = IORING_OP_READ;
-        sqe->fd = op.fd;
-        sqe->off = op.offset + got;
-        sqe->addr = reinterpret_cast<uint64_t>(op.buf + got);
-        sqe->len = static_cast<uint32_t>(op.len - got);
-        sqe->user_data = i;
-        ring_.Publish();
-      }
-      if (!Wait(ops, open.size())) return false;
+      std::fill(last.begin(), last.end(), -1);
+      const bool ran = Run(
+          open.size(),
+          [&](size_t j, io_uring_sqe* sqe) {
+            PreadOp& op = ops[open[j]];
+            const auto got = static_cast<size_t>(op.result);
+            sqe->opcode = IORING_OP_READ;
+            sqe->fd = op.fd;
+            sqe->off = op.offset + got;
+            sqe->addr = reinterpret_cast<uint64_t>(op.buf + got);
+            sqe->len = static_cast<uint32_t>(op.len - got);
+          },
+          // A read's bytes are added to its result, an error replaces it.
+          [&](size_t j, int res) {
+            const size_t i = open[j];
+            last[i] = res;
+            if (res == -EINTR || res == -EAGAIN) {
+              last[i] = 1;  // not an end: submitted again
+            } else if (res < 0) {
+              ops[i].result = res;
+            } else {
+              ops[i].result += res;
+            }
+          });
+      // Unusable: every read the kernel took was waited for (it writes into the caller's
+      // buffers, which may be freed or reused once we return); the caller reads every op.
+      if (!ran) return false;
       std::erase_if(open, [&](size_t i) {
         const int64_t r = ops[i].result;
-        return r < 0 || static_cast<size_t>(r) >= ops[i].len || last_[i] == 0 ||
+        return r < 0 || static_cast<size_t>(r) >= ops[i].len || last[i] == 0 ||
                (ops[i].enough > 0 && static_cast<size_t>(r) >= ops[i].enough);
       });
     }
@@ -62,52 +121,8 @@ class ReadRing {
   }
 
  private:
-  // Submits what is published and reaps `n` completions into ops: a read's bytes are added to
-  // its result (last_ says what this round's read got), an error replaces it.
-  bool Wait(std::span<PreadOp> ops, size_t n) {
-    last_.assign(ops.size(), -1);
-    size_t done = 0, taken = 0;
-    while (done < n) {
-      // Submit what the kernel has not taken yet, without waiting (a submission cut short must
-      // not wait for more completions than are in flight); then wait for every read left.
-      const int r = ring_.Enter(ring_.Pending() > 0 ? 0 : static_cast<unsigned>(n - done));
-      if (r > 0) taken += static_cast<size_t>(r);
-      if (r < 0 && r != -EINTR) {
-        // Unusable: every read the kernel took is waited for (it writes into the caller's
-        // buffers, which may be freed or reused once we return), then the caller reads every
-        // op itself.
-        ok_ = false;
-        while (done < taken) {
-          const int w = ring_.Wait(static_cast<unsigned>(taken - done));
-          if (w < 0 && w != -EINTR && w != -EAGAIN) {
-            std::fprintf(stderr, "io_uring: cannot wait for reads in flight: %s\n",
-                         std::strerror(-w));
-            std::abort();  // returning would let the kernel write into memory reused after
-          }
-          for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) done++;
-        }
-        return false;
-      }
-      for (const io_uring_cqe* c; (c = ring_.Peek()) != nullptr; ring_.Pop()) {
-        if (c->user_data >= ops.size()) continue;
-        PreadOp& op = ops[c->user_data];
-        last_[c->user_data] = c->res;
-        if (c->res == -EINTR || c->res == -EAGAIN) {
-          last_[c->user_data] = 1;  // not an end: submitted again
-        } else if (c->res < 0) {
-          op.result = c->res;
-        } else {
-          op.result += c->res;
-        }
-        done++;
-      }
-    }
-    return true;
-  }
-
   IoRing ring_;
   bool ok_ = false;
-  std::vector<int64_t> last_;  // per op: what its read of the round got
 };
 
 ReadRing& ThreadRing() {
@@ -130,7 +145,73 @@ void FinishByPread(PreadOp& op, size_t got) {
   op.result = static_cast<int64_t>(got);
 }
 
+int OpenOne(const OpenOp& op) {
+  struct open_how how {};
+  how.flags = op.flags;
+  how.resolve = op.resolve;
+  const int fd = static_cast<int>(syscall(SYS_openat2, op.dirfd, op.path, &how, sizeof(how)));
+  return fd >= 0 ? fd : -errno;
+}
+
 }  // namespace
+
+void BatchOpen(std::span<OpenOp> ops) {
+  ReadRing& ring = ThreadRing();
+  std::vector<open_how> hows(std::min(ops.size(), ring.entries()));
+  size_t at = 0;
+  while (ring.ok() && at < ops.size()) {
+    std::span<OpenOp> chunk = ops.subspan(at, std::min(ring.entries(), ops.size() - at));
+    for (OpenOp& op : chunk) op.result = -EINPROGRESS;  // no answer yet
+    const bool ran = ring.Run(
+        chunk.size(),
+        [&](size_t i, io_uring_sqe* sqe) {
+          hows[i] = {};
+          hows[i].flags = chunk[i].flags;
+          hows[i].resolve = chunk[i].resolve;
+          sqe->opcode = IORING_OP_OPENAT2;
+          sqe->fd = chunk[i].dirfd;
+          sqe->addr = reinterpret_cast<uint64_t>(chunk[i].path);
+          sqe->len = sizeof(open_how);
+          sqe->off = reinterpret_cast<uint64_t>(&hows[i]);
+        },
+        [&](size_t i, int res) { chunk[i].result = res; });
+    // A kernel whose io_uring has no IORING_OP_OPENAT2 (before 5.6) refuses each: open those
+    // (EAGAIN and EINTR too, and any the ring had no answer for).
+    for (OpenOp& op : chunk) {
+      if (op.result == -EINVAL || op.result == -EOPNOTSUPP || op.result == -EAGAIN ||
+          op.result == -EINTR || op.result == -EINPROGRESS) {
+        op.result = OpenOne(op);
+      }
+    }
+    if (!ran) break;
+    at += chunk.size();
+  }
+  for (; at < ops.size(); at++) ops[at].result = OpenOne(ops[at]);
+}
+
+void BatchClose(std::span<const int> fds) {
+  ReadRing& ring = ThreadRing();
+  size_t at = 0;
+  while (ring.ok() && at < fds.size()) {
+    std::span<const int> chunk = fds.subspan(at, std::min(ring.entries(), fds.size() - at));
+    std::vector<int> res(chunk.size(), -EINPROGRESS);
+    const bool ran = ring.Run(
+        chunk.size(),
+        [&](size_t i, io_uring_sqe* sqe) {
+          sqe->opcode = IORING_OP_CLOSE;
+          sqe->fd = chunk[i];
+        },
+        [&](size_t i, int r) { res[i] = r; });
+    // Refused as an operation this kernel does not know, or not answered: closed here (a close
+    // that ran and failed is not retried: the fd is gone either way).
+    for (size_t i = 0; i < chunk.size(); i++) {
+      if (res[i] == -EINVAL || res[i] == -EOPNOTSUPP || res[i] == -EINPROGRESS) close(chunk[i]);
+    }
+    if (!ran) break;
+    at += chunk.size();
+  }
+  for (; at < fds.size(); at++) close(fds[at]);
+}
 
 bool BatchPreadUsesUring() { return ThreadRing().ok(); }
 

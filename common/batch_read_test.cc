@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -66,6 +69,51 @@ TEST(BatchPreadTest, EveryReadGetsItsBytesOrItsError) {
   std::cerr << "io_uring: " << (BatchPreadUsesUring() ? "yes" : "no (preads)") << "\n";
   for (int fd : fds) close(fd);
   close(a_dir);
+  rmdir(dir.c_str());
+}
+
+// Files opened many at once, more than one submission holds: each open gets its own file (or
+// its own error: a missing file, a symlink refused by RESOLVE_NO_SYMLINKS), and every fd
+// BatchClose is given is closed.
+TEST(BatchOpenTest, EachOpenGetsItsFileOrItsErrorAndCloseClosesAll) {
+  char tmpl[] = "/tmp/ember-open-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  constexpr int kFiles = 150;  // > one submission of 64
+  std::vector<std::string> paths;
+  for (int f = 0; f < kFiles; f++) {
+    paths.push_back(dir + "/f" + std::to_string(f));
+    const int fd = open(paths.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    const std::string body = "file " + std::to_string(f);
+    ASSERT_EQ(write(fd, body.data(), body.size()), static_cast<ssize_t>(body.size()));
+    close(fd);
+  }
+  ASSERT_EQ(symlink(paths[0].c_str(), (dir + "/link").c_str()), 0);
+  paths[40] = dir + "/missing";
+  paths[41] = dir + "/link";
+  std::vector<OpenOp> ops;
+  for (const auto& p : paths) {
+    ops.push_back({.path = p.c_str(),
+                   .flags = O_RDONLY | O_CLOEXEC,
+                   .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS});
+  }
+  BatchOpen(ops);
+  EXPECT_EQ(ops[40].result, -ENOENT);
+  EXPECT_EQ(ops[41].result, -ELOOP);
+  std::vector<int> fds;
+  for (int f = 0; f < kFiles; f++) {
+    if (f == 40 || f == 41) continue;
+    ASSERT_GE(ops[f].result, 0) << f << ": " << std::strerror(-ops[f].result);
+    char buf[32] = {};
+    const ssize_t n = pread(ops[f].result, buf, sizeof(buf), 0);
+    EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "file " + std::to_string(f));
+    fds.push_back(ops[f].result);
+  }
+  BatchClose(fds);
+  for (int fd : fds) EXPECT_EQ(fcntl(fd, F_GETFD), -1) << fd << " still open";
+  for (int f = 0; f < kFiles; f++) unlink((dir + "/f" + std::to_string(f)).c_str());
+  unlink((dir + "/link").c_str());
   rmdir(dir.c_str());
 }
 

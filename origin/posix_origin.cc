@@ -210,10 +210,33 @@ class PosixOrigin final : public Origin {
     std::vector<bool> direct;   // per op: read with O_DIRECT
     ops.reserve(reqs.size());
     op_of.reserve(reqs.size());
+    // Every file opened in one submission (BatchOpen), then each checked; a file the batch could
+    // not open as asked (a symlink on the way, a kernel without openat2) is opened alone.
+    std::vector<std::string> fulls(reqs.size());
+    std::vector<OpenOp> opens;
+    std::vector<size_t> open_of;  // request index of each open
+    for (size_t i = 0; i < reqs.size(); i++) {
+      const OriginFile& file = *reqs[i].file;
+      if (HasDotDot(file.path)) continue;  // refused by OpenChecked below
+      fulls[i] = absl::StrCat(file.root, "/", file.path);
+      opens.push_back({.path = fulls[i].c_str(),
+                       .flags = O_RDONLY | O_CLOEXEC,
+                       .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS});
+      open_of.push_back(i);
+    }
+    BatchOpen(opens);
+    std::vector<int> opened(reqs.size(), -1);
+    for (size_t k = 0; k < opens.size(); k++) opened[open_of[k]] = opens[k].result;
+    std::vector<int> to_close;
+    to_close.reserve(reqs.size());
     for (size_t i = 0; i < reqs.size(); i++) {
       const ReadRequest& r = reqs[i];
       const OriginFile& file = *r.file;
-      absl::StatusOr<int> fd = OpenChecked(file, absl::StrCat(file.root, "/", file.path));
+      const int got = opened[i];
+      absl::StatusOr<int> fd = got >= 0 ? CheckOpened(got, file, fulls[i])
+                               : got == -ELOOP || got == -ENOSYS || fulls[i].empty()
+                                   ? OpenChecked(file, absl::StrCat(file.root, "/", file.path))
+                                   : OpenFailed(-got, fulls[i]);
       if (!fd.ok()) {
         out[i] = fd.status();
         continue;
@@ -241,7 +264,7 @@ class PosixOrigin final : public Origin {
                               : absl::UnavailableError(
                                     absl::StrCat("origin file ", full, ": ", strerror(errno)));
         }
-        close(ops[k].fd);
+        to_close.push_back(ops[k].fd);
         continue;
       }
       if (ops[k].result < 0) {
@@ -251,8 +274,9 @@ class PosixOrigin final : public Origin {
       } else if (static_cast<size_t>(ops[k].result) < ops[k].len) {
         out[op_of[k]] = Shorter(absl::StrCat(file.root, "/", file.path));
       }
-      close(ops[k].fd);
+      to_close.push_back(ops[k].fd);
     }
+    BatchClose(to_close);
     return out;
   }
 
@@ -285,15 +309,23 @@ class PosixOrigin final : public Origin {
       return absl::InvalidArgumentError(absl::StrCat("path escapes the origin: ", file.path));
     }
     int fd = OpenBeneath(file.root, file.path);
-    if (fd < 0) {
-      int err = errno;
-      std::string msg = absl::StrCat("origin file ", full, ": ",
-                                     err == ELOOP || err == EXDEV
-                                         ? "a symlink on the way (not followed out of the origin)"
-                                         : strerror(err));
-      if (err == ELOOP || err == EXDEV) return absl::FailedPreconditionError(msg);
-      return err == ENOENT ? absl::NotFoundError(msg) : absl::UnavailableError(msg);
-    }
+    if (fd < 0) return OpenFailed(errno, full);
+    return CheckOpened(fd, file, full);
+  }
+
+  // An open of `full` that failed with errno `err`, as OpenChecked says it.
+  static absl::Status OpenFailed(int err, const std::string& full) {
+    std::string msg = absl::StrCat("origin file ", full, ": ",
+                                   err == ELOOP || err == EXDEV
+                                       ? "a symlink on the way (not followed out of the origin)"
+                                       : strerror(err));
+    if (err == ELOOP || err == EXDEV) return absl::FailedPreconditionError(msg);
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::UnavailableError(msg);
+  }
+
+  // Checks an opened fd is the manifest's file (size, mtime); closes it if not. Returns: the fd;
+  // FailedPrecondition (changed), Unavailable.
+  static absl::StatusOr<int> CheckOpened(int fd, const OriginFile& file, const std::string& full) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
       const int err = errno;
