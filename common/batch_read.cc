@@ -27,9 +27,12 @@ class ReadRing {
     // of whatever runs: 6.1+; older kernels take the plain ring.
     ok_ = ring_.Init(kEntries, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN) ||
           (errno == EINVAL && ring_.Init(kEntries, 0));
+    opens_ = ok_ && ring_.Supports(IORING_OP_OPENAT2) && ring_.Supports(IORING_OP_CLOSE);
   }
   bool ok() const { return ok_; }
   size_t entries() const { return std::min<size_t>(ring_.entries(), kEntries); }
+  // Whether the ring opens and closes files (IORING_OP_OPENAT2 and IORING_OP_CLOSE, 5.6+).
+  bool opens() const { return opens_; }
 
   // Runs n operations (at most entries()) at once: prepare(i, sqe) fills operation i's entry,
   // done(i, res) gets its result. Returns false if the ring failed (done was called for those
@@ -123,6 +126,7 @@ class ReadRing {
  private:
   IoRing ring_;
   bool ok_ = false;
+  bool opens_ = false;
 };
 
 ReadRing& ThreadRing() {
@@ -159,7 +163,7 @@ void BatchOpen(std::span<OpenOp> ops) {
   ReadRing& ring = ThreadRing();
   std::vector<open_how> hows(std::min(ops.size(), ring.entries()));
   size_t at = 0;
-  while (ring.ok() && at < ops.size()) {
+  while (ring.ok() && ring.opens() && at < ops.size()) {
     std::span<OpenOp> chunk = ops.subspan(at, std::min(ring.entries(), ops.size() - at));
     for (OpenOp& op : chunk) op.result = -EINPROGRESS;  // no answer yet
     const bool ran = ring.Run(
@@ -175,16 +179,16 @@ void BatchOpen(std::span<OpenOp> ops) {
           sqe->off = reinterpret_cast<uint64_t>(&hows[i]);
         },
         [&](size_t i, int res) { chunk[i].result = res; });
-    // A kernel whose io_uring has no IORING_OP_OPENAT2 (before 5.6) refuses each: open those
-    // (EAGAIN and EINTR too, and any the ring had no answer for).
+    // Not opened by the ring: not answered (it failed), cancelled (no io-wq worker could be
+    // made for an open that had to wait), interrupted: opened here.
     for (OpenOp& op : chunk) {
-      if (op.result == -EINVAL || op.result == -EOPNOTSUPP || op.result == -EAGAIN ||
-          op.result == -EINTR || op.result == -EINPROGRESS) {
+      if (op.result == -EINPROGRESS || op.result == -ECANCELED || op.result == -EAGAIN ||
+          op.result == -EINTR) {
         op.result = OpenOne(op);
       }
     }
+    at += chunk.size();  // answered, one way or the other: never opened twice
     if (!ran) break;
-    at += chunk.size();
   }
   for (; at < ops.size(); at++) ops[at].result = OpenOne(ops[at]);
 }
@@ -192,7 +196,7 @@ void BatchOpen(std::span<OpenOp> ops) {
 void BatchClose(std::span<const int> fds) {
   ReadRing& ring = ThreadRing();
   size_t at = 0;
-  while (ring.ok() && at < fds.size()) {
+  while (ring.ok() && ring.opens() && at < fds.size()) {
     std::span<const int> chunk = fds.subspan(at, std::min(ring.entries(), fds.size() - at));
     std::vector<int> res(chunk.size(), -EINPROGRESS);
     const bool ran = ring.Run(
@@ -202,13 +206,14 @@ void BatchClose(std::span<const int> fds) {
           sqe->fd = chunk[i];
         },
         [&](size_t i, int r) { res[i] = r; });
-    // Refused as an operation this kernel does not know, or not answered: closed here (a close
-    // that ran and failed is not retried: the fd is gone either way).
+    // Not answered (the ring failed) or cancelled before it ran (a file with a flush waits for
+    // an io-wq worker, and none could be made): closed here. A close that ran and failed is not
+    // retried: the fd is gone either way, and the number may be another thread's file by now.
     for (size_t i = 0; i < chunk.size(); i++) {
-      if (res[i] == -EINVAL || res[i] == -EOPNOTSUPP || res[i] == -EINPROGRESS) close(chunk[i]);
+      if (res[i] == -EINPROGRESS || res[i] == -ECANCELED) close(chunk[i]);
     }
+    at += chunk.size();  // answered, one way or the other: never closed twice
     if (!ran) break;
-    at += chunk.size();
   }
   for (; at < fds.size(); at++) close(fds[at]);
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace ember {
 
@@ -66,6 +67,15 @@ io_uring_sqe* IoRing::Next() {
   std::memset(sqe, 0, sqe_size_);
   sq_array_[idx] = idx;
   return sqe;
+}
+
+bool IoRing::Supports(uint8_t opcode) const {
+  if (fd_ < 0) return false;
+  constexpr unsigned kOps = 256;
+  std::vector<char> buf(sizeof(io_uring_probe) + kOps * sizeof(io_uring_probe_op), 0);
+  auto* probe = reinterpret_cast<io_uring_probe*>(buf.data());
+  if (syscall(__NR_io_uring_register, fd_, IORING_REGISTER_PROBE, probe, kOps) < 0) return false;
+  return opcode <= probe->last_op && (probe->ops[opcode].flags & IO_URING_OP_SUPPORTED) != 0;
 }
 
 int IoRing::Enter(unsigned wait) {

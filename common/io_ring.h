@@ -34,6 +34,9 @@ class IoRing {
   int Enter(unsigned wait);
   // Waits for `n` completions, submitting nothing. Returns: 0, or -errno.
   int Wait(unsigned n);
+  // Whether this kernel's io_uring knows `opcode` (IORING_REGISTER_PROBE, 5.6+; false where the
+  // probe itself is unknown, as the opcodes it would report are then too).
+  bool Supports(uint8_t opcode) const;
   // The next completion, if there is one; Pop() consumes it.
   const io_uring_cqe* Peek() const {
     const unsigned head = *cq_head_;
