@@ -32,7 +32,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/ids.h"
@@ -227,12 +226,7 @@ class MetaStore {
   // kRecentChecksums / 2, then becomes the older one (the one before it is dropped). Cleared
   // when a dataset or version is deleted (its ids may return).
   static constexpr size_t kRecentChecksums = 1u << 19;
-  struct BlockAddrHash {
-    size_t operator()(const BlockAddr& a) const {
-      return absl::HashOf(a.dataset_id, a.version, a.file_id, a.index);
-    }
-  };
-  using ChecksumMap = absl::flat_hash_map<BlockAddr, uint64_t, BlockAddrHash>;
+  using ChecksumMap = absl::flat_hash_map<BlockAddr, uint64_t>;  // common/ids.h hashes it
   void RememberChecksumLocked(const BlockAddr& addr, uint64_t sum)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(recent_mu_);
   void ForgetChecksums() ABSL_LOCKS_EXCLUDED(recent_mu_);

@@ -234,10 +234,9 @@ void PeerFetcher::FetchMany(std::span<Want> wants) {
   LocateAhead(addrs);
   // Each block's holders in order; one FetchMany per first choice, the rest tried one by one.
   // The order is worked out once per set of holders (most blocks of a batch share one; a map's
-  // values stay where they are as it grows).
+  // values stay where they are as it grows, and its keys keep the sets alive).
   std::vector<const std::vector<Holder>*> orders(wants.size(), nullptr);
-  std::map<const std::vector<Holder>*, std::vector<Holder>> order_of;
-  std::vector<HolderSet> keep;  // the sets order_of is keyed by, alive while it is
+  std::map<HolderSet, std::vector<Holder>> order_of;
   std::vector<uint64_t> checksum(wants.size(), 0);
   std::map<std::string, std::vector<size_t>> by_peer;  // holder address -> wants
   const auto now = std::chrono::steady_clock::now();
@@ -253,11 +252,8 @@ void PeerFetcher::FetchMany(std::span<Want> wants) {
     const std::optional<uint64_t> known = checksums_->Known(wants[i].addr);
     if (l.holders == nullptr || !known) continue;
     checksum[i] = *known;
-    auto [at, added] = order_of.try_emplace(l.holders.get());
-    if (added) {
-      at->second = Order(*l.holders);
-      keep.push_back(l.holders);
-    }
+    auto [at, added] = order_of.try_emplace(l.holders);
+    if (added) at->second = Order(*l.holders);
     orders[i] = &at->second;
     if (!orders[i]->empty()) by_peer[orders[i]->front().address].push_back(i);
   }

@@ -20,7 +20,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/hash/hash.h"
 #include "absl/synchronization/mutex.h"
 #include "cachefs/cache/block_buffer.h"
 #include "common/ids.h"
@@ -67,11 +66,6 @@ class RecentBlocks {
     std::chrono::steady_clock::time_point used;    // last Put or Get
     std::list<List::iterator>::iterator in_peers;  // when !from_origin
   };
-  struct AddrHash {
-    size_t operator()(const BlockAddr& a) const {
-      return absl::HashOf(a.dataset_id, a.version, a.file_id, a.index);
-    }
-  };
   void EraseAt(List::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `it` (already in the list) the newest, keeping the newest quarter's bookkeeping.
   void MoveToFront(List::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -90,7 +84,7 @@ class RecentBlocks {
   List::iterator boundary_ ABSL_GUARDED_BY(mu_) = recent_.end();
   size_t newest_cost_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<List::iterator> peers_ ABSL_GUARDED_BY(mu_);  // blocks from peers, newest first
-  absl::flat_hash_map<BlockAddr, List::iterator, AddrHash> index_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<BlockAddr, List::iterator> index_ ABSL_GUARDED_BY(mu_);
   size_t cost_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
