@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,7 @@
 #include "cachefs/volume/volume_fs.h"
 #include "cachefs/volume/volume_store.h"
 #include "cachefs/volume/volume_upload.h"
+#include "common/memory.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/units.h"
@@ -268,6 +270,22 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   if (options.manifest_copy_max_entries > 0) {
     a->copier_ = std::thread([p = a.get()] { p->CopyManifests(); });
   }
+  if (options.warm_memory > 0) {
+    a->warmer_ = std::thread([bytes = options.warm_memory] {
+      const auto start = std::chrono::steady_clock::now();
+      const size_t kept = WarmAllocator(bytes);
+      if (kept > 0) {
+        spdlog::info("node: memory for blocks in flight: {} MiB faulted in ({} ms)", kept >> 20,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count());
+      } else {
+        spdlog::info(
+            "node: memory for blocks in flight: none kept (this build's allocator "
+            "returns freed memory; --warm-memory does nothing)");
+      }
+    });
+  }
   return a;
 }
 
@@ -282,6 +300,7 @@ NodeAgent::~NodeAgent() {
   Stop();
   if (!stop_copies_.HasBeenNotified()) stop_copies_.Notify();
   if (copier_.joinable()) copier_.join();  // it uses the namespace
+  if (warmer_.joinable()) warmer_.join();
   {
     absl::MutexLock lock(&reporter_mu_);
     reporter_live_ = false;  // a prefetch finishing now skips its early report

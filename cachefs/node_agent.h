@@ -79,6 +79,9 @@ struct NodeOptions {
   transport::TransportMode transport = transport::TransportMode::kAuto;
   uint8_t rdma_traffic_class = 0;     // RoCE GRH traffic class (--rdma-tclass)
   uint64_t rdma_memory = 512u << 20;  // registered RDMA buffers per pool (--rdma-memory)
+  // Allocator memory faulted in at start and kept for blocks in flight (common/memory.h,
+  // WarmAllocator; --warm-memory).
+  uint64_t warm_memory = 512u << 20;
   std::string token;        // cluster token: sent to meta, and peers must prove it (--token-file)
   std::string tls_ca_file;  // set: reach meta over TLS, verifying it against this CA
   std::chrono::milliseconds prefetch_owner_grace{15000};  // see PrefetchRunner
@@ -127,6 +130,7 @@ class NodeAgent {
   void ReportLocationsNow() ABSL_LOCKS_EXCLUDED(reporter_mu_);
   absl::Notification stop_copies_;
   std::thread copier_;
+  std::thread warmer_;  // WarmAllocator(options_.warm_memory), once at start
   // In the order they are built; torn down in reverse (see ~NodeAgent).
   std::unique_ptr<meta::MetaClient> meta_;
   std::unique_ptr<BlockDirectory> directory_;

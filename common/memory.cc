@@ -2,7 +2,9 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 #include <vector>
 
@@ -11,11 +13,56 @@
 
 // gperftools' C API (gperftools/malloc_extension_c.h), weak: absent unless tcmalloc is linked.
 extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+extern "C" void MallocExtension_ReleaseToSystem(size_t num_bytes) __attribute__((weak));
+extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value)
+    __attribute__((weak));
 
 namespace ember {
+namespace {
+
+std::atomic<size_t> warm_reserve{0};  // free bytes ReleaseFreeMemory leaves (WarmAllocator)
+
+bool HaveTcmalloc() {
+  return MallocExtension_ReleaseFreeMemory != nullptr &&
+         MallocExtension_ReleaseToSystem != nullptr &&
+         MallocExtension_GetNumericProperty != nullptr;
+}
+
+}  // namespace
 
 void ReleaseFreeMemory() {
-  if (MallocExtension_ReleaseFreeMemory != nullptr) MallocExtension_ReleaseFreeMemory();
+  if (!HaveTcmalloc()) return;
+  const size_t keep = warm_reserve.load(std::memory_order_relaxed);
+  if (keep == 0) {
+    MallocExtension_ReleaseFreeMemory();
+    return;
+  }
+  size_t free_bytes = 0;
+  if (MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &free_bytes) != 0 &&
+      free_bytes > keep) {
+    MallocExtension_ReleaseToSystem(free_bytes - keep);
+  }
+}
+
+size_t WarmAllocator(size_t bytes) {
+  if (!HaveTcmalloc()) return 0;
+  constexpr size_t kChunk = 1u << 20;  // above tcmalloc's largest size class: whole pages
+  constexpr size_t kPage = 4096;
+  const size_t chunks = (bytes + kChunk - 1) / kChunk;
+  // Kept before the pages are touched: a release meanwhile (a namespace just built) keeps them.
+  warm_reserve.store(chunks * kChunk, std::memory_order_relaxed);
+  std::vector<char*> held;
+  held.reserve(chunks);
+  for (size_t i = 0; i < chunks; i++) {
+    char* c = static_cast<char*>(malloc(kChunk));
+    if (c == nullptr) break;
+    // One write per page faults it in; volatile so the writes are not dropped with the free.
+    for (size_t off = 0; off < kChunk; off += kPage) static_cast<volatile char*>(c)[off] = 0;
+    held.push_back(c);
+  }
+  for (char* c : held) free(c);
+  warm_reserve.store(held.size() * kChunk, std::memory_order_relaxed);
+  return held.size() * kChunk;
 }
 
 std::shared_ptr<char[]> NewBulkBuffer(size_t size) {

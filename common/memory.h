@@ -24,8 +24,19 @@ std::shared_ptr<char[]> TakeDirectBuffer();
 // Hands a buffer of TakeDirectBuffer back (kept for the next transfer, or freed).
 void GiveDirectBuffer(std::shared_ptr<char[]> buf);
 
-// Returns tcmalloc's free pages to the system now; nothing when tcmalloc is not linked in (tests,
-// sanitizer builds).
+// Returns tcmalloc's free pages to the system now, but for the warm reserve below; nothing when
+// tcmalloc is not linked in (tests, sanitizer builds).
 void ReleaseFreeMemory();
+
+// Faults `bytes` of the allocator's memory in now (1 MiB allocations, each page written, then
+// freed: tcmalloc keeps the pages and carves later allocations of every size from them) and keeps
+// that much free memory from then on (ReleaseFreeMemory hands back only what is beyond it). A fill
+// receives its bytes into buffers that a burst of fills takes from the allocator; on a VM a first
+// write into a 4 KiB page is a fault and an exit (12 us a page on the test machine, against 21
+// GB/s for a page written before), and a prefetch's first seconds grew each agent by ~400 MiB of
+// them: 18-24% of the prefetch's wall (docs/benchmarks.md). Blocks for the time it takes (about a
+// second per 300 MiB on that VM); call it from a thread of its own. Nothing without tcmalloc.
+// Returns: the bytes now kept (0 without tcmalloc).
+size_t WarmAllocator(size_t bytes);
 
 }  // namespace ember

@@ -44,6 +44,7 @@ struct NodeFlags {
   std::string transport = "auto";
   int rdma_tclass = 0;
   std::string rdma_memory = "512MiB";
+  std::string warm_memory = "512MiB";
   std::string peer_timeout = "3s";
   std::string prefetch_owner_grace = "15s";
   uint64_t manifest_copy_max_entries = 2'000'000;
@@ -94,6 +95,11 @@ void AddNodeFlags(CLI::App* c, NodeFlags* f, bool for_up) {
   c->add_option("--rdma-memory", f->rdma_memory,
                 "Registered (pinned) memory for RDMA buffers, per direction; needs "
                 "RLIMIT_MEMLOCK above twice this")
+      ->capture_default_str();
+  c->add_option("--warm-memory", f->warm_memory,
+                "Memory for blocks in flight faulted in at start and kept (a fixed part of the "
+                "agent's RSS; 0 = none): a prefetch's first seconds then do not wait on page "
+                "faults")
       ->capture_default_str();
   c->add_option("--transport", f->transport, "Peer transport: auto, tcp or rdma")
       ->capture_default_str();
@@ -227,6 +233,9 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   if (!rdma_memory.ok()) Fail(rdma_memory.status());
   if (*rdma_memory < (4u << 20)) Fail("--rdma-memory must be at least 4MiB (one block)");
   o.rdma_memory = *rdma_memory;
+  auto warm_memory = ParseSize(f.warm_memory);
+  if (!warm_memory.ok()) Fail(warm_memory.status());
+  o.warm_memory = *warm_memory;
   auto peer_timeout = ParseDuration(f.peer_timeout);
   if (!peer_timeout.ok()) Fail(peer_timeout.status());
   if (peer_timeout->count() < 10) Fail("--peer-timeout must be at least 10ms");

@@ -109,13 +109,14 @@ bool NodeProcess::Start() {
 }
 
 std::vector<std::string> NodeProcess::Argv() const {
-  std::vector<std::string> argv{EMBER_BINARY,   "node",
-                                "--meta",       meta_,
-                                "--listen",     absl::StrCat(options_.listen_host, ":", port_),
-                                "--cache-dir",  cache_dir_,
-                                "--cache-size", options_.cache_size,
-                                "--mount",      mount_,
-                                "--node-id",    options_.id};
+  std::vector<std::string> argv{EMBER_BINARY,    "node",
+                                "--meta",        meta_,
+                                "--listen",      absl::StrCat(options_.listen_host, ":", port_),
+                                "--cache-dir",   cache_dir_,
+                                "--cache-size",  options_.cache_size,
+                                "--mount",       mount_,
+                                "--node-id",     options_.id,
+                                "--warm-memory", options_.warm_memory};
   argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
   // The mount suite runs once per FUSE binding (tests/CMakeLists.txt sets this).
   if (const char* b = std::getenv("EMBER_TEST_FUSE_BINDING"); b != nullptr && *b != '\0') {

@@ -44,6 +44,9 @@ class NodeProcess {
     std::string id = "n1";
     std::string listen_host = "127.0.0.1";
     std::string cache_size = "1GiB";
+    // --warm-memory: none by default (the suite starts hundreds of agents; each would spend
+    // CPU faulting in memory no test's few blocks need).
+    std::string warm_memory = "0";
     std::vector<std::string> extra_args;
     std::vector<std::string> env;  // NAME=VALUE for the process
   };
