@@ -270,21 +270,10 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(const NodeOptions& o
   if (options.manifest_copy_max_entries > 0) {
     a->copier_ = std::thread([p = a.get()] { p->CopyManifests(); });
   }
-  if (options.warm_memory > 0) {
-    a->warmer_ = std::thread([bytes = options.warm_memory] {
-      const auto start = std::chrono::steady_clock::now();
-      const size_t kept = WarmAllocator(bytes);
-      if (kept > 0) {
-        spdlog::info("node: memory for blocks in flight: {} MiB faulted in ({} ms)", kept >> 20,
-                     std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count());
-      } else {
-        spdlog::info(
-            "node: memory for blocks in flight: none kept (this build's allocator "
-            "returns freed memory; --warm-memory does nothing)");
-      }
-    });
+  if (options.warm_memory == 0) {
+    spdlog::info("node: memory for blocks in flight: none held from start (--warm-memory 0)");
+  } else {
+    a->warmer_ = std::thread([p = a.get()] { p->KeepMemoryWarm(); });
   }
   return a;
 }
@@ -296,10 +285,32 @@ void NodeAgent::CopyManifests() {
       absl::FromChrono(options_.manifest_copy_interval)));
 }
 
+void NodeAgent::KeepMemoryWarm() {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t kept = WarmAllocator(options_.warm_memory, &stopping_);
+  if (stopping_) return;
+  if (kept == 0) {
+    spdlog::info(
+        "node: memory for blocks in flight: none held from start (this build's "
+        "allocator hands freed memory back; --warm-memory does nothing)");
+    return;
+  }
+  spdlog::info("node: memory for blocks in flight: {} MiB faulted in ({} ms)", kept >> 20,
+               std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - start)
+                   .count());
+  // A release after a burst far beyond it (a large manifest built) takes the reserve too
+  // (common/memory.h): fault it in again, in the background.
+  while (!stop_warm_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    if (WarmReserveLost()) WarmAllocator(options_.warm_memory, &stopping_);
+  }
+}
+
 NodeAgent::~NodeAgent() {
   Stop();
   if (!stop_copies_.HasBeenNotified()) stop_copies_.Notify();
   if (copier_.joinable()) copier_.join();  // it uses the namespace
+  if (!stop_warm_.HasBeenNotified()) stop_warm_.Notify();
   if (warmer_.joinable()) warmer_.join();
   {
     absl::MutexLock lock(&reporter_mu_);

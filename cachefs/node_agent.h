@@ -130,7 +130,11 @@ class NodeAgent {
   void ReportLocationsNow() ABSL_LOCKS_EXCLUDED(reporter_mu_);
   absl::Notification stop_copies_;
   std::thread copier_;
-  std::thread warmer_;  // WarmAllocator(options_.warm_memory), once at start
+  // Faults in options_.warm_memory at start, and again whenever a release took it
+  // (common/memory.h, WarmAllocator), until stop_warm_.
+  void KeepMemoryWarm();
+  absl::Notification stop_warm_;
+  std::thread warmer_;
   // In the order they are built; torn down in reverse (see ~NodeAgent).
   std::unique_ptr<meta::MetaClient> meta_;
   std::unique_ptr<BlockDirectory> directory_;

@@ -13,7 +13,6 @@
 
 // gperftools' C API (gperftools/malloc_extension_c.h), weak: absent unless tcmalloc is linked.
 extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
-extern "C" void MallocExtension_ReleaseToSystem(size_t num_bytes) __attribute__((weak));
 extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value)
     __attribute__((weak));
 
@@ -21,10 +20,10 @@ namespace ember {
 namespace {
 
 std::atomic<size_t> warm_reserve{0};  // free bytes ReleaseFreeMemory leaves (WarmAllocator)
+std::atomic<bool> reserve_lost{false};
 
 bool HaveTcmalloc() {
   return MallocExtension_ReleaseFreeMemory != nullptr &&
-         MallocExtension_ReleaseToSystem != nullptr &&
          MallocExtension_GetNumericProperty != nullptr;
 }
 
@@ -33,27 +32,34 @@ bool HaveTcmalloc() {
 void ReleaseFreeMemory() {
   if (!HaveTcmalloc()) return;
   const size_t keep = warm_reserve.load(std::memory_order_relaxed);
-  if (keep == 0) {
-    MallocExtension_ReleaseFreeMemory();
-    return;
+  if (keep > 0) {
+    // tcmalloc hands back whole spans, and the reserve's pages coalesce into one: a release of
+    // any part (MallocExtension_ReleaseToSystem) may take all of it. So free memory up to the
+    // reserve and kReleaseSlack more stays; beyond that all goes, and the reserve is lost.
+    size_t free_bytes = 0;
+    if (MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &free_bytes) == 0 ||
+        free_bytes <= keep + kReleaseSlack) {
+      return;
+    }
+    reserve_lost.store(true, std::memory_order_relaxed);
   }
-  size_t free_bytes = 0;
-  if (MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &free_bytes) != 0 &&
-      free_bytes > keep) {
-    MallocExtension_ReleaseToSystem(free_bytes - keep);
-  }
+  MallocExtension_ReleaseFreeMemory();
 }
 
-size_t WarmAllocator(size_t bytes) {
+bool WarmReserveLost() { return reserve_lost.load(std::memory_order_relaxed); }
+
+size_t WarmAllocator(size_t bytes, const std::atomic<bool>* stop) {
   if (!HaveTcmalloc()) return 0;
   constexpr size_t kChunk = 1u << 20;  // above tcmalloc's largest size class: whole pages
   constexpr size_t kPage = 4096;
   const size_t chunks = (bytes + kChunk - 1) / kChunk;
+  reserve_lost.store(false, std::memory_order_relaxed);
   // Kept before the pages are touched: a release meanwhile (a namespace just built) keeps them.
   warm_reserve.store(chunks * kChunk, std::memory_order_relaxed);
   std::vector<char*> held;
   held.reserve(chunks);
   for (size_t i = 0; i < chunks; i++) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) break;
     char* c = static_cast<char*>(malloc(kChunk));
     if (c == nullptr) break;
     // One write per page faults it in; volatile so the writes are not dropped with the free.
@@ -61,7 +67,9 @@ size_t WarmAllocator(size_t bytes) {
     held.push_back(c);
   }
   for (char* c : held) free(c);
-  warm_reserve.store(held.size() * kChunk, std::memory_order_relaxed);
+  if (chunks == 0 || held.size() < chunks) {
+    warm_reserve.store(held.size() * kChunk, std::memory_order_relaxed);
+  }
   return held.size() * kChunk;
 }
 

@@ -4,6 +4,7 @@
 // otherwise stay at the burst's peak. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 
@@ -24,19 +25,25 @@ std::shared_ptr<char[]> TakeDirectBuffer();
 // Hands a buffer of TakeDirectBuffer back (kept for the next transfer, or freed).
 void GiveDirectBuffer(std::shared_ptr<char[]> buf);
 
-// Returns tcmalloc's free pages to the system now, but for the warm reserve below; nothing when
-// tcmalloc is not linked in (tests, sanitizer builds).
+// Returns tcmalloc's free pages to the system now; nothing when tcmalloc is not linked in (tests,
+// sanitizer builds). With a warm reserve (below): nothing while the free memory is at most the
+// reserve and kReleaseSlack more; else all of it, the reserve too (WarmReserveLost).
 void ReleaseFreeMemory();
+inline constexpr size_t kReleaseSlack = 256u << 20;
 
 // Faults `bytes` of the allocator's memory in now (1 MiB allocations, each page written, then
 // freed: tcmalloc keeps the pages and carves later allocations of every size from them) and keeps
-// that much free memory from then on (ReleaseFreeMemory hands back only what is beyond it). A fill
+// that much free memory from then on (see ReleaseFreeMemory; tcmalloc's own gradual release must
+// be off: the `ember` binary sets its release rate to 0, tools/ember_main.cc). A fill
 // receives its bytes into buffers that a burst of fills takes from the allocator; on a VM a first
 // write into a 4 KiB page is a fault and an exit (12 us a page on the test machine, against 21
 // GB/s for a page written before), and a prefetch's first seconds grew each agent by ~400 MiB of
-// them: 18-24% of the prefetch's wall (docs/benchmarks.md). Blocks for the time it takes (about a
-// second per 300 MiB on that VM); call it from a thread of its own. Nothing without tcmalloc.
+// them: ~10% of an ImageNet-shaped and ~30% of a tiny-file prefetch's wall (docs/benchmarks.md,
+// "eighth session"). Blocks for the time it takes (about a second per 300 MiB on that VM); call
+// it from a thread of its own. Stops early once `*stop` is true. Nothing without tcmalloc.
 // Returns: the bytes now kept (0 without tcmalloc).
-size_t WarmAllocator(size_t bytes);
+size_t WarmAllocator(size_t bytes, const std::atomic<bool>* stop = nullptr);
+// Whether a release since the last WarmAllocator took the reserve (call WarmAllocator again).
+bool WarmReserveLost();
 
 }  // namespace ember

@@ -2,10 +2,12 @@
 // tcmalloc's free pages.
 #include "common/memory.h"
 
+#include <gperftools/malloc_extension.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -30,13 +32,31 @@ long MinorFaults() {
   return u.ru_minflt;
 }
 
+void Burst(size_t bytes) {  // allocated, each page written, freed
+  std::vector<char*> burst;
+  for (size_t got = 0; got < bytes; got += kMiB) {
+    char* c = static_cast<char*>(malloc(kMiB));
+    ASSERT_NE(c, nullptr);
+    for (size_t off = 0; off < kMiB; off += 4096) static_cast<volatile char*>(c)[off] = 1;
+    burst.push_back(c);
+  }
+  for (char* c : burst) free(c);
+}
+
 TEST(WarmAllocatorTest, KeptPagesServeLaterAllocationsWithoutFaultsUntilTheReserveIsDropped) {
+  MallocExtension::instance()->SetMemoryReleaseRate(0);  // as the `ember` binary does
   ReleaseFreeMemory();
   const size_t before = RssBytes();
   ASSERT_EQ(WarmAllocator(96 * kMiB), 96 * kMiB);
   EXPECT_GE(RssBytes(), before + 90 * kMiB);
   ReleaseFreeMemory();  // what a finished prefetch does: the reserve stays
   EXPECT_GE(RssBytes(), before + 90 * kMiB);
+  // A burst beyond the reserve, within the slack: kept too (tcmalloc would hand back the
+  // reserve's span with any part of it).
+  Burst(160 * kMiB);
+  ReleaseFreeMemory();
+  EXPECT_GE(RssBytes(), before + 90 * kMiB);
+  EXPECT_FALSE(WarmReserveLost());
 
   // Blocks of many sizes, as fills take them, come from the warm pages: writing them faults
   // (almost) nothing in. Without the warm pages it would be one fault per 4 KiB page, 16k here.
@@ -54,10 +74,25 @@ TEST(WarmAllocatorTest, KeptPagesServeLaterAllocationsWithoutFaultsUntilTheReser
   EXPECT_LT(MinorFaults() - faults, 2000);
   for (char* b : blocks) free(b);
 
+  // A burst beyond the slack: all of it goes back, the reserve with it, and says so; warming
+  // again restores it.
+  Burst(96 * kMiB + kReleaseSlack + 64 * kMiB);
+  ReleaseFreeMemory();
+  EXPECT_TRUE(WarmReserveLost());
+  EXPECT_LT(RssBytes(), before + 64 * kMiB);
+  ASSERT_EQ(WarmAllocator(96 * kMiB), 96 * kMiB);
+  EXPECT_FALSE(WarmReserveLost());
+  EXPECT_GE(RssBytes(), before + 90 * kMiB);
+
   // No reserve: a release hands the pages back.
   EXPECT_EQ(WarmAllocator(0), 0u);
   ReleaseFreeMemory();
-  EXPECT_LT(RssBytes(), before + 48 * kMiB);
+  EXPECT_LT(RssBytes(), before + 64 * kMiB);
+}
+
+TEST(WarmAllocatorTest, StopsEarlyWhenAsked) {
+  std::atomic<bool> stop{true};
+  EXPECT_EQ(WarmAllocator(64 * kMiB, &stop), 0u);
 }
 
 }  // namespace

@@ -195,7 +195,10 @@ TEST_F(PrefetchTest, TheAgentKeepsItsWarmMemoryAcrossAPrefetch) {
   auto r = Ember({"prefetch", "ds", "--mode", "full", "--all"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("done"), std::string::npos) << r.out;
-  std::this_thread::sleep_for(std::chrono::seconds(1));  // the prefetch's end released memory
+  // The run logs its end, then releases the free memory (cachefs/prefetch.cc).
+  ASSERT_TRUE(testing::WaitFor([&] { return n.Log().find("finished here") != std::string::npos; }))
+      << n.Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_GE(rss_mib(), 192);
 }
 

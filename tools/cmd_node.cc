@@ -235,6 +235,13 @@ cachefs::NodeOptions ToNodeOptions(const NodeFlags& f, const std::string& meta_a
   o.rdma_memory = *rdma_memory;
   auto warm_memory = ParseSize(f.warm_memory);
   if (!warm_memory.ok()) Fail(warm_memory.status());
+  if (const long pages = sysconf(_SC_PHYS_PAGES); pages > 0) {
+    const uint64_t half = static_cast<uint64_t>(pages) * static_cast<uint64_t>(getpagesize()) / 2;
+    if (*warm_memory > half) {
+      Fail(absl::StrCat("--warm-memory ", f.warm_memory, " is more than half of this machine's ",
+                        half >> 29, " GiB of memory"));
+    }
+  }
   o.warm_memory = *warm_memory;
   auto peer_timeout = ParseDuration(f.peer_timeout);
   if (!peer_timeout.ok()) Fail(peer_timeout.status());

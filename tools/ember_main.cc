@@ -8,6 +8,9 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/synchronization/mutex.h"
+#ifdef EMBER_TCMALLOC
+#include <gperftools/malloc_extension.h>
+#endif
 #include "tools/cli.h"
 
 namespace {
@@ -31,6 +34,12 @@ int main(int argc, char** argv) {
   // global lock-order graph (a global lock per Lock). Lock order is checked at build time here
   // (`make tsa`) and the test binaries keep the runtime check; the agent does without it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#ifdef EMBER_TCMALLOC
+  // Free memory goes back to the system only where the code says so (common/memory.h,
+  // ReleaseFreeMemory: after a manifest is built, a prefetch, an idle spell), not a span now and
+  // then as tcmalloc frees: one such span can be the agent's whole --warm-memory reserve.
+  MallocExtension::instance()->SetMemoryReleaseRate(0);
+#endif
   // Open files up to the hard limit (the agent keeps cache files open and reads folders of
   // small files a batch at a time; meta's RocksDB keeps its tables open): a soft limit of 1,024
   // is a shell's default, not a choice.
