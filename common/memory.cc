@@ -67,9 +67,7 @@ size_t WarmAllocator(size_t bytes, const std::atomic<bool>* stop) {
     held.push_back(c);
   }
   for (char* c : held) free(c);
-  if (chunks == 0 || held.size() < chunks) {
-    warm_reserve.store(held.size() * kChunk, std::memory_order_relaxed);
-  }
+  warm_reserve.store(held.size() * kChunk, std::memory_order_relaxed);  // fewer if stopped
   return held.size() * kChunk;
 }
 

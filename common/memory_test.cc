@@ -32,15 +32,23 @@ long MinorFaults() {
   return u.ru_minflt;
 }
 
-void Burst(size_t bytes) {  // allocated, each page written, freed
-  std::vector<char*> burst;
-  for (size_t got = 0; got < bytes; got += kMiB) {
-    char* c = static_cast<char*>(malloc(kMiB));
-    ASSERT_NE(c, nullptr);
-    for (size_t off = 0; off < kMiB; off += 4096) static_cast<volatile char*>(c)[off] = 1;
-    burst.push_back(c);
+// At least `bytes` in allocations of len_of(i) bytes, each page written.
+template <typename LenOf>
+std::vector<char*> Touched(size_t bytes, LenOf len_of) {
+  std::vector<char*> out;
+  for (size_t i = 0, got = 0; got < bytes; i++) {
+    const size_t len = len_of(i);
+    char* b = static_cast<char*>(malloc(len));
+    if (b == nullptr) break;
+    for (size_t off = 0; off < len; off += 4096) static_cast<volatile char*>(b)[off] = 1;
+    out.push_back(b);
+    got += len;
   }
-  for (char* c : burst) free(c);
+  return out;
+}
+
+void Burst(size_t bytes) {  // allocated, each page written, freed
+  for (char* c : Touched(bytes, [](size_t) { return kMiB; })) free(c);
 }
 
 TEST(WarmAllocatorTest, KeptPagesServeLaterAllocationsWithoutFaultsUntilTheReserveIsDropped) {
@@ -61,16 +69,8 @@ TEST(WarmAllocatorTest, KeptPagesServeLaterAllocationsWithoutFaultsUntilTheReser
   // Blocks of many sizes, as fills take them, come from the warm pages: writing them faults
   // (almost) nothing in. Without the warm pages it would be one fault per 4 KiB page, 16k here.
   const long faults = MinorFaults();
-  std::vector<char*> blocks;
-  size_t got = 0;
-  for (size_t i = 0; got < 64 * kMiB; i++) {
-    const size_t len = 8192 + (i * 7919) % (200 * 1024);
-    char* b = static_cast<char*>(malloc(len));
-    ASSERT_NE(b, nullptr);
-    for (size_t off = 0; off < len; off += 4096) static_cast<volatile char*>(b)[off] = 1;
-    blocks.push_back(b);
-    got += len;
-  }
+  std::vector<char*> blocks =
+      Touched(64 * kMiB, [](size_t i) { return 8192 + (i * 7919) % (200 * 1024); });
   EXPECT_LT(MinorFaults() - faults, 2000);
   for (char* b : blocks) free(b);
 
